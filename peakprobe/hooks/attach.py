@@ -1,0 +1,303 @@
+"""Attaching probes to every softmax of a Hugging Face causal LM, and detaching them cleanly.
+
+One architecture-independent path: a ``peakprobe_<n>`` function is registered with
+transformers' ``AttentionInterface`` (and the original implementation's mask function under the
+same name with ``AttentionMaskInterface``, so the model still builds the masks it always did), and
+the model is switched to it with ``set_attn_implementation``. Every attention call then reaches
+``Probe._attention``, which streams the per-head statistics from the query/key states and hands
+the call on to the model's original attention function, so the model's outputs are unchanged.
+The LM head is read from the model's returned logits (exactly what its softmax sees, final
+softcapping included) by a forward hook on the model. ``attach`` undoes all of it on exit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from ..probes import Accumulator, MaskSpec, SiteGroup, attention_head_sums, row_stats
+from ..probes.rows import LM_METRICS
+from .beta import beta_attention
+
+_names = itertools.count()
+
+
+class UnsupportedModelError(ValueError):
+    """The model's softmaxes cannot be reached through the attention interface."""
+
+
+@dataclass
+class ProbeConfig:
+    """What to measure and how.
+
+    chunk: query rows per block of attention logits (memory is O(chunk x T) per head).
+    dtype: precision of the logits and statistics ("float32", or "float64" for exact checks).
+    sensitivity: also measure d(loss)/d(log beta) per site (one backward pass per batch).
+    backend: "torch", "triton" (CUDA only) or "auto" (triton on CUDA when installed).
+    lm_chunk: token positions per block of LM-head logits.
+    """
+
+    chunk: int = 64
+    dtype: str = "float32"
+    sensitivity: bool = False
+    backend: str = "auto"
+    lm_chunk: int = 512
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"float32": torch.float32, "float64": torch.float64}[self.dtype]
+
+    def describe(self) -> dict:
+        return {
+            "chunk": self.chunk,
+            "dtype": self.dtype,
+            "sensitivity": self.sensitivity,
+            "backend": self.backend,
+            "lm_chunk": self.lm_chunk,
+        }
+
+
+def _triton_sums() -> Callable | None:
+    try:
+        from ..probes.triton_kernel import attention_head_sums_triton
+    except ImportError:
+        return None
+    return attention_head_sums_triton
+
+
+class Probe:
+    """Accumulates statistics for one attached model. Use through ``attach``."""
+
+    def __init__(self, model: torch.nn.Module, config: ProbeConfig, delegate: Callable | None):
+        self.model = model
+        self.config = config
+        self.accumulator = Accumulator()
+        self._delegate = delegate  # original attention function; None = the module's own eager
+        self._layers: dict[int, int] = {}
+        self._input_ids: torch.Tensor | None = None
+        self._attention_mask: torch.Tensor | None = None
+        self._log_beta: dict[int, torch.Tensor] = {}
+        self._sens_sum: dict[int, torch.Tensor] = {}  # layer (-1 = LM head) -> (H,) float64
+        self._sens_tokens = 0
+        self.n_attention_calls = 0
+        self._sums_fn = attention_head_sums
+        if config.backend == "triton" or config.backend == "auto":
+            fast = _triton_sums()
+            if config.backend == "triton" and fast is None:
+                raise ValueError("backend='triton' needs the triton package (pip install triton)")
+            self._fast_sums = fast
+        else:
+            self._fast_sums = None
+
+    # -- hooks ---------------------------------------------------------------------------
+    def _layer_index(self, module: torch.nn.Module) -> int:
+        idx = getattr(module, "layer_idx", None)
+        if idx is None:
+            idx = self._layers.setdefault(id(module), len(self._layers))
+        return int(idx)
+
+    def _capture_inputs(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self._input_ids = ids if isinstance(ids, torch.Tensor) else None
+        self._attention_mask = kwargs.get("attention_mask")
+
+    def _attention(self, module, query, key, value, attention_mask, **kwargs):
+        self.n_attention_calls += 1
+        layer = self._layer_index(module)
+        scaling = kwargs.get("scaling")
+        if scaling is None:
+            scaling = query.shape[-1] ** -0.5
+        causal = kwargs.get("is_causal")
+        causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+        spec = MaskSpec(
+            mask=attention_mask,
+            causal=causal,
+            sliding_window=kwargs.get("sliding_window"),
+            q_offset=key.shape[2] - query.shape[2],
+        )
+        softcap = kwargs.get("softcap")
+        row_valid = None
+        am = self._attention_mask
+        if am is not None and am.dim() == 2 and am.shape[-1] == query.shape[2]:
+            row_valid = am.to(query.device).bool()  # (B, Tq)
+        sums_fn = self._sums_fn
+        if self._fast_sums is not None and query.is_cuda:
+            sums_fn = self._fast_sums
+        metrics, sums, counts = sums_fn(
+            query.detach(),
+            key.detach(),
+            scaling=float(scaling),
+            mask=spec,
+            softcap=softcap,
+            row_valid=row_valid,
+            chunk=self.config.chunk,
+            dtype=self.config.torch_dtype,
+        )
+        self.accumulator.add_sums(SiteGroup("attn", layer), metrics, sums, counts)
+
+        if self.config.sensitivity and torch.is_grad_enabled():
+            log_beta = torch.zeros(query.shape[1], dtype=query.dtype, device=query.device)
+            log_beta.requires_grad_(True)
+            self._log_beta[layer] = log_beta
+            out = beta_attention(
+                query, key, value, log_beta, scaling=float(scaling), mask=spec, softcap=softcap
+            )
+            return out, None
+        if self._delegate is not None:
+            return self._delegate(module, query, key, value, attention_mask, **kwargs)
+        eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if eager is None:
+            raise UnsupportedModelError(
+                f"{type(module).__name__} has no eager_attention_forward to delegate to"
+            )
+        return eager(module, query, key, value, attention_mask, **kwargs)
+
+    def _lm_head(self, module, args, kwargs, output) -> None:
+        logits = getattr(output, "logits", None)
+        ids = self._input_ids
+        if logits is None or ids is None or logits.shape[1] != ids.shape[1]:
+            return
+        dtype = self.config.torch_dtype
+        am = self._attention_mask
+        mask = torch.ones_like(ids, dtype=torch.bool) if am is None else am.bool()  # (B, T)
+        target = torch.full_like(ids, -1)
+        nxt_ok = mask[:, 1:] & mask[:, :-1]
+        target[:, :-1] = torch.where(nxt_ok, ids[:, 1:], torch.full_like(ids[:, 1:], -1))
+        step = self.config.lm_chunk
+        with torch.no_grad():
+            for t0 in range(0, ids.shape[1], step):
+                t1 = min(ids.shape[1], t0 + step)
+                z = logits[:, t0:t1].detach().to(dtype)  # (B, C, V)
+                valid = torch.ones(1, 1, z.shape[-1], dtype=torch.bool, device=z.device)
+                stats = row_stats(
+                    z, valid, mask[:, t0:t1].to(z.device), target=target[:, t0:t1].to(z.device)
+                )
+                self.accumulator.add_rows(SiteGroup("lm_head", -1), stats, head_dim=None)
+
+    # -- public --------------------------------------------------------------------------
+    def run_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> float:
+        """Run the model on one batch under the probes; return the batch's mean next-token loss."""
+        device = next(self.model.parameters()).device
+        input_ids = input_ids.to(device)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device)
+        if not self.config.sensitivity:
+            with torch.no_grad():
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            return self._batch_loss(out.logits, input_ids, attention_mask).item()
+        return self._run_sensitivity(input_ids, attention_mask)
+
+    def _batch_loss(self, logits, input_ids, attention_mask) -> torch.Tensor:
+        z = logits[:, :-1].float() if logits.dtype != torch.float64 else logits[:, :-1]
+        tgt = input_ids[:, 1:].clone()
+        if attention_mask is not None:
+            ok = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
+            tgt = torch.where(ok, tgt, torch.full_like(tgt, -100))
+        return torch.nn.functional.cross_entropy(
+            z.reshape(-1, z.shape[-1]), tgt.reshape(-1), ignore_index=-100
+        )
+
+    def _run_sensitivity(self, input_ids, attention_mask) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            p.requires_grad_(False)
+        self._log_beta = {}
+        try:
+            with torch.enable_grad():
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+                lm_log_beta = torch.zeros(1, dtype=out.logits.dtype, device=out.logits.device)
+                lm_log_beta.requires_grad_(True)
+                loss = self._batch_loss(out.logits * torch.exp(lm_log_beta), input_ids, attention_mask)
+                layers = sorted(self._log_beta)
+                grads = torch.autograd.grad(
+                    loss, [lm_log_beta] + [self._log_beta[i] for i in layers], allow_unused=True
+                )
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+        n_tok = input_ids[:, 1:].numel()
+        if attention_mask is not None:
+            n_tok = int((attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()).sum())
+        for layer, g in zip([-1] + layers, grads, strict=True):
+            src = self._log_beta[layer] if layer >= 0 else lm_log_beta
+            g = torch.zeros_like(src) if g is None else g
+            add = g.detach().to(torch.float64).cpu() * n_tok
+            self._sens_sum[layer] = self._sens_sum.get(layer, torch.zeros_like(add)) + add
+        self._sens_tokens += n_tok
+        self._log_beta = {}
+        return loss.item()
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy per-site means: site_kind, layer, head, metric, value, n_rows."""
+        df = self.accumulator.to_frame()
+        if self._sens_tokens:
+            rows = []
+            for layer, total in sorted(self._sens_sum.items()):
+                kind = "lm_head" if layer < 0 else "attn"
+                for h, v in enumerate(total.tolist()):
+                    head = -1 if layer < 0 else h
+                    rows.append((kind, layer, head, "sensitivity", v / self._sens_tokens, self._sens_tokens))
+            extra = pd.DataFrame(rows, columns=df.columns)
+            df = pd.concat([df, extra], ignore_index=True)
+            df = df.sort_values(["site_kind", "layer", "head", "metric"], kind="stable")
+        return df.reset_index(drop=True)
+
+
+def _check_supported(model: torch.nn.Module) -> None:
+    name = type(model).__name__
+    if not getattr(model, "_supports_attention_backend", False):
+        raise UnsupportedModelError(
+            f"{name} does not route its attention through transformers' AttentionInterface; "
+            "peakprobe cannot see its softmaxes"
+        )
+    if model.get_output_embeddings() is None:
+        raise UnsupportedModelError(f"{name} has no LM head (get_output_embeddings() is None)")
+
+
+@contextmanager
+def attach(model: torch.nn.Module, config: ProbeConfig | None = None) -> Iterator[Probe]:
+    """Attach peakprobe to ``model`` for the duration of the ``with`` block.
+
+    Inside, call ``probe.run_batch(input_ids, attention_mask)`` (or the model itself); after the
+    block the model's attention implementation is restored and every hook is removed, also when
+    the block raises.
+    """
+    config = config or ProbeConfig()
+    _check_supported(model)
+    original = model.config._attn_implementation or "eager"
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    delegate = None if original == "eager" else ALL_ATTENTION_FUNCTIONS[original]
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS[original]
+    probe = Probe(model, config, delegate)
+    name = f"peakprobe_{next(_names)}"
+    handles = []
+    AttentionInterface.register(name, probe._attention)
+    AttentionMaskInterface.register(name, mask_fn)
+    try:
+        model.set_attn_implementation(name)
+        handles.append(model.register_forward_pre_hook(probe._capture_inputs, with_kwargs=True))
+        handles.append(model.register_forward_hook(probe._lm_head, with_kwargs=True))
+        yield probe
+        if probe.n_attention_calls == 0 and probe.accumulator.groups():
+            raise UnsupportedModelError(
+                f"{type(model).__name__} ran without calling the attention interface; "
+                "its attention is not a softmax peakprobe can reach"
+            )
+    finally:
+        for handle in handles:
+            handle.remove()
+        if model.config._attn_implementation == name:
+            model.set_attn_implementation(original)
+        AttentionInterface._global_mapping.pop(name, None)
+        AttentionMaskInterface._global_mapping.pop(name, None)
+        probe.model = None  # no reference cycle keeps the model alive

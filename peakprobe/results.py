@@ -1,0 +1,132 @@
+"""The run-directory contract: the tidy results schema, atomic writes, and reading a run back.
+
+A run directory holds ``manifest.json``, one ``checkpoints/<revision>.parquet`` per finished
+checkpoint, ``failures.jsonl``, and later ``fits.parquet`` / ``fits.json`` / ``report/``.
+Every stage reads and writes it only through this module, so the format lives in one place
+(see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FORMAT = 1
+
+RESULT_SCHEMA = pa.schema(
+    [
+        ("model", pa.string()),
+        ("revision", pa.string()),
+        ("step", pa.int64()),
+        ("tokens", pa.int64()),
+        ("tau", pa.float64()),
+        ("site_kind", pa.string()),
+        ("layer", pa.int64()),
+        ("head", pa.int64()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+        ("n_rows", pa.int64()),
+    ]
+)
+SORT_KEYS = ["site_kind", "layer", "head", "metric"]
+
+MANIFEST = "manifest.json"
+CHECKPOINTS = "checkpoints"
+FAILURES = "failures.jsonl"
+FITS = "fits.parquet"
+FITS_JSON = "fits.json"
+REPORT = "report"
+
+
+class RunDirError(ValueError):
+    """A run directory is missing, empty or inconsistent."""
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that no partial file is ever visible under its name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as sorted, indented JSON, atomically."""
+    text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n"
+    _atomic_write_bytes(Path(path), text.encode())
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def table_bytes(df: pd.DataFrame, schema: pa.Schema | None = None) -> bytes:
+    """Serialize a frame to parquet bytes deterministically (no pandas metadata, fixed schema)."""
+    table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
+    table = table.replace_schema_metadata(None)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", write_statistics=False)
+    return sink.getvalue().to_pybytes()
+
+
+def write_parquet(path: str | os.PathLike, df: pd.DataFrame, schema: pa.Schema | None = None) -> None:
+    """Write ``df`` to ``path`` atomically; the same frame always gives the same bytes."""
+    _atomic_write_bytes(Path(path), table_bytes(df, schema))
+
+
+def checkpoint_path(run_dir: str | os.PathLike, revision: str) -> Path:
+    safe = revision.replace("/", "__")
+    return Path(run_dir) / CHECKPOINTS / f"{safe}.parquet"
+
+
+def write_checkpoint(run_dir: str | os.PathLike, revision: str, df: pd.DataFrame) -> Path:
+    """Write one checkpoint's tidy results (sorted, fixed schema) atomically."""
+    df = df[RESULT_SCHEMA.names].sort_values(SORT_KEYS, kind="stable").reset_index(drop=True)
+    path = checkpoint_path(run_dir, revision)
+    write_parquet(path, df, RESULT_SCHEMA)
+    return path
+
+
+def append_failure(run_dir: str | os.PathLike, record: dict) -> None:
+    """Append one line to failures.jsonl (a failed checkpoint never stops the sweep)."""
+    path = Path(run_dir) / FAILURES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_failures(run_dir: str | os.PathLike) -> list[dict]:
+    path = Path(run_dir) / FAILURES
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_manifest(run_dir: str | os.PathLike) -> dict:
+    path = Path(run_dir) / MANIFEST
+    if not path.exists():
+        raise RunDirError(f"{run_dir} is not a peakprobe run directory (no {MANIFEST})")
+    return read_json(path)
+
+
+def read_results(run_dir: str | os.PathLike) -> pd.DataFrame:
+    """All finished checkpoints of a run as one tidy frame, ordered by step then site."""
+    files = sorted((Path(run_dir) / CHECKPOINTS).glob("*.parquet"))
+    if not files:
+        raise RunDirError(f"{run_dir} has no finished checkpoints (nothing in {CHECKPOINTS}/)")
+    df = pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+    return df.sort_values(["step", *SORT_KEYS], kind="stable").reset_index(drop=True)
