@@ -1,5 +1,5 @@
 """Finding the softmax sites of a Hugging Face model and attaching probes to them."""
 
-from .attach import Probe, ProbeConfig, UnsupportedModelError, attach
+from .interface import Probe, ProbeConfig, UnsupportedModelError, attach
 
 __all__ = ["Probe", "ProbeConfig", "UnsupportedModelError", "attach"]

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..probes import Accumulator, MaskSpec, SiteGroup, attention_head_sums, row_stats
-from ..probes.rows import LM_METRICS
 from .beta import beta_attention
 
 _names = itertools.count()
@@ -273,9 +273,6 @@ def attach(model: torch.nn.Module, config: ProbeConfig | None = None) -> Iterato
     config = config or ProbeConfig()
     _check_supported(model)
     original = model.config._attn_implementation or "eager"
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
     delegate = None if original == "eager" else ALL_ATTENTION_FUNCTIONS[original]
     mask_fn = ALL_MASK_ATTENTION_FUNCTIONS[original]
     probe = Probe(model, config, delegate)

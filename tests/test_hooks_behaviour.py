@@ -1,0 +1,162 @@
+"""Hooks: a constructed peaked head, hook hygiene, unsupported models, the sensitivity probe."""
+
+from __future__ import annotations
+
+import gc
+import math
+import weakref
+
+import pytest
+import torch
+from conftest import VOCAB, left_padded_batch, tiny_model
+from transformers import AutoModelForCausalLM, GPT2Config, MambaConfig
+
+from peakprobe.hooks import ProbeConfig, UnsupportedModelError, attach
+
+
+def _unit_rows(c: torch.Tensor, d: int, seed: int = 0) -> torch.Tensor:
+    """Rows with first coordinate c_v, mean 0 and population std 1 (LayerNorm leaves them)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for cv in c.tolist():
+        w = torch.randn(d - 1, generator=g, dtype=torch.float64)
+        w = w - w.mean()
+        w = w / w.norm()
+        t = math.sqrt(d - cv * cv - cv * cv / (d - 1))
+        rows.append(torch.cat([torch.tensor([cv], dtype=torch.float64), -cv / (d - 1) + t * w]))
+    return torch.stack(rows)
+
+
+def test_constructed_peaked_head_has_the_analytic_top_gap():
+    d, heads, amp = 32, 4, 400.0
+    head_dim = d // heads
+    cfg = GPT2Config(n_embd=d, n_layer=1, n_head=heads, vocab_size=VOCAB, n_positions=64,
+                     layer_norm_epsilon=0.0, bos_token_id=1, eos_token_id=2)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float64).eval()
+    c = torch.linspace(-2.0, 2.0, VOCAB, dtype=torch.float64)  # token v's key coordinate
+    with torch.no_grad():
+        model.transformer.wte.weight.copy_(_unit_rows(c, d))
+        model.transformer.wpe.weight.zero_()
+        attn = model.transformer.h[0].attn.c_attn  # Conv1D: out = x @ W + b, W (d, 3d)
+        attn.weight[:, :head_dim] = 0.0  # head 0 query: a constant, from the bias
+        attn.bias[:head_dim] = 0.0
+        attn.bias[0] = amp
+        attn.weight[:, d : d + head_dim] = 0.0  # head 0 key: the token's coordinate c_v
+        attn.bias[d : d + head_dim] = 0.0
+        attn.weight[0, d] = 1.0
+    g = torch.Generator().manual_seed(3)
+    ids = torch.stack([torch.randperm(VOCAB, generator=g)[:20] for _ in range(2)])  # distinct
+    with attach(model, ProbeConfig(dtype="float64")) as probe:
+        probe.run_batch(ids)
+        df = probe.to_frame()
+    head = df[(df.site_kind == "attn") & (df.layer == 0) & (df["head"] == 0)].set_index("metric")
+    # Analytic: the score of key j is amp * c[token_j] / sqrt(head_dim); the gap of each row is
+    # that factor times the difference of the two largest c among its visible tokens.
+    gaps = []
+    for row in ids:
+        for q in range(1, len(row)):
+            top = sorted(c[row[: q + 1]].tolist(), reverse=True)
+            gaps.append(amp / math.sqrt(head_dim) * (top[0] - top[1]))
+    assert head.loc["logit_top_gap", "value"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-9)
+    assert head.loc["max_prob", "value"] > 0.99
+    assert head.loc["peaked", "value"] > 0.5
+    other = df[(df.site_kind == "attn") & (df["head"] == 1)].set_index("metric")
+    assert other.loc["max_prob", "value"] < 0.9
+
+
+def test_attach_restores_everything_and_releases_the_model():
+    model = tiny_model("llama_gqa")
+    original = model.config._attn_implementation
+    ids, mask = left_padded_batch()
+    with pytest.raises(RuntimeError, match="boom"):
+        with attach(model, ProbeConfig()) as probe:
+            probe.run_batch(ids, mask)
+            raise RuntimeError("boom")
+    assert model.config._attn_implementation == original
+    with attach(model, ProbeConfig(sensitivity=True)) as probe:
+        assert model.config._attn_implementation.startswith("peakprobe_")
+        probe.run_batch(ids, mask)
+    assert model.config._attn_implementation == original
+    assert all(p.requires_grad for p in model.parameters())
+    hooks = [m._forward_hooks for m in model.modules()] + [m._forward_pre_hooks for m in model.modules()]
+    assert all(len(h) == 0 for h in hooks)
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    assert not [k for k in AttentionInterface._global_mapping if k.startswith("peakprobe")]
+    assert not [k for k in AttentionMaskInterface._global_mapping if k.startswith("peakprobe")]
+    ref = weakref.ref(model)
+    del model, probe
+    gc.collect()
+    assert ref() is None
+
+
+def test_model_without_softmax_attention_is_refused_by_name():
+    cfg = MambaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, state_size=4)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with pytest.raises(UnsupportedModelError, match="MambaForCausalLM"):
+        with attach(model):
+            pass
+
+
+def _loss_with_head_scaled(model, ids, mask, layer: int, head: int, factor: float) -> float:
+    """Independent reference: eager attention written out here, one head's logits scaled."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    def scaled(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        groups = query.shape[1] // key.shape[1]
+        k = key.repeat_interleave(groups, dim=1)
+        v = value.repeat_interleave(groups, dim=1)
+        z = query @ k.transpose(-1, -2) * scaling
+        if module.layer_idx == layer:
+            z[:, head] = z[:, head] * factor
+        z = z + attention_mask
+        p = torch.softmax(z, dim=-1)
+        return (p @ v).transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("test_scaled", scaled)
+    AttentionMaskInterface.register("test_scaled", eager_mask)
+    old = model.config._attn_implementation
+    model.set_attn_implementation("test_scaled")
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits
+    finally:
+        model.set_attn_implementation(old)
+    tgt = torch.where(mask[:, 1:].bool() & mask[:, :-1].bool(), ids[:, 1:], -100)
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100
+    ).item()
+
+
+def test_sensitivity_matches_finite_differences_and_vanishes_for_a_dead_head():
+    # GPT-NeoX: its LayerNorms stay in float64 (Llama's RMSNorm rounds through float32, which
+    # would swamp a finite difference at 1e-5).
+    model = tiny_model("gpt_neox")
+    ids, mask = left_padded_batch(pads=(0, 2, 3))
+    dead_layer, dead_head = 1, 3
+    with torch.no_grad():  # head (1, 3) writes nothing: its softmax cannot affect the loss
+        hd = model.config.hidden_size // model.config.num_attention_heads
+        dense = model.gpt_neox.layers[dead_layer].attention.dense
+        dense.weight[:, dead_head * hd : (dead_head + 1) * hd] = 0
+    with attach(model, ProbeConfig(dtype="float64", sensitivity=True)) as probe:
+        probe.run_batch(ids, mask)
+        df = probe.to_frame()
+    sens = df[df.metric == "sensitivity"].set_index(["site_kind", "layer", "head"])["value"]
+    eps = 1e-4
+    for layer, head in [(0, 0), (0, 2), (1, 1)]:
+        up = _loss_with_head_scaled(model, ids, mask, layer, head, 1 + eps)
+        down = _loss_with_head_scaled(model, ids, mask, layer, head, 1 - eps)
+        fd = (up - down) / (2 * eps)
+        assert abs(fd) > 1e-6
+        assert sens[("attn", layer, head)] == pytest.approx(fd, rel=1e-5)
+    assert sens[("attn", dead_layer, dead_head)] == 0.0
+    # LM head: d/d(log beta) of the cross-entropy of beta * z is E_p[z] - z_target (closed form).
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    ok = mask[:, 1:].bool() & mask[:, :-1].bool()
+    p = torch.softmax(logits, -1)
+    zt = logits.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    closed = ((p * logits).sum(-1) - zt)[ok].mean().item()
+    assert sens[("lm_head", -1, -1)] == pytest.approx(closed, rel=1e-9)
