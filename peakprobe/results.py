@@ -49,8 +49,9 @@ class RunDirError(ValueError):
     """A run directory is missing, empty or inconsistent."""
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that no partial file is ever visible under its name."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -58,6 +59,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -67,7 +69,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as sorted, indented JSON, atomically."""
     text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n"
-    _atomic_write_bytes(Path(path), text.encode())
+    write_bytes(Path(path), text.encode())
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -85,7 +87,7 @@ def table_bytes(df: pd.DataFrame, schema: pa.Schema | None = None) -> bytes:
 
 def write_parquet(path: str | os.PathLike, df: pd.DataFrame, schema: pa.Schema | None = None) -> None:
     """Write ``df`` to ``path`` atomically; the same frame always gives the same bytes."""
-    _atomic_write_bytes(Path(path), table_bytes(df, schema))
+    write_bytes(Path(path), table_bytes(df, schema))
 
 
 def checkpoint_path(run_dir: str | os.PathLike, revision: str) -> Path:

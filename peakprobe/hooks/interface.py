@@ -41,7 +41,8 @@ class ProbeConfig:
     chunk: query rows per block of attention logits (memory is O(chunk x T) per head).
     dtype: precision of the logits and statistics ("float32", or "float64" for exact checks).
     sensitivity: also measure d(loss)/d(log beta) per site (one backward pass per batch).
-    backend: "torch", "triton" (CUDA only) or "auto" (triton on CUDA when installed).
+    backend: "torch", "triton" (forced; on CPU it needs TRITON_INTERPRET=1) or "auto" (the
+        Triton kernel for CUDA tensors when triton is installed, torch otherwise).
     lm_chunk: token positions per block of LM-head logits.
     """
 
@@ -129,7 +130,7 @@ class Probe:
         if am is not None and am.dim() == 2 and am.shape[-1] == query.shape[2]:
             row_valid = am.to(query.device).bool()  # (B, Tq)
         sums_fn = self._sums_fn
-        if self._fast_sums is not None and query.is_cuda:
+        if self._fast_sums is not None and (query.is_cuda or self.config.backend == "triton"):
             sums_fn = self._fast_sums
         metrics, sums, counts = sums_fn(
             query.detach(),

@@ -1,0 +1,90 @@
+"""Benchmark of ``render_report``: time and size of a Pythia-12B-shaped report (36 layers x 40 heads).
+
+Writes synthetic fitted runs (``peakprobe.reports.synthetic``) into a temporary folder, renders
+each, and prints wall time, report.html size and ratios against baselines measured in the same
+run: the same report for a 6 x 8 model (time per site) and just writing heads.csv for the large
+model. Exits 1 when the large report breaks the acceptance budget (20 s, 10 MB).
+
+    python benchmarks/report.py [--layers 36 --heads 40 --checkpoints 30 --repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from peakprobe.reports import heads_table, load_run, render_report
+from peakprobe.reports.render import heads_csv_bytes
+from peakprobe.reports.synthetic import write_synthetic_run
+
+BUDGET_S = 20.0
+BUDGET_BYTES = 10 * 1024 * 1024
+
+
+def best_of(repeat: int, fn) -> float:
+    """Smallest wall time of ``repeat`` calls of ``fn``."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=36)
+    parser.add_argument("--heads", type=int, default=40)
+    parser.add_argument("--checkpoints", type=int, default=30)
+    parser.add_argument("--repeat", type=int, default=1, help="renders per size; the best is kept")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        small, large = Path(tmp) / "small", Path(tmp) / "large"
+        write_synthetic_run(small, n_layers=6, n_heads=8, n_checkpoints=args.checkpoints, seed=0)
+        write_synthetic_run(
+            large, n_layers=args.layers, n_heads=args.heads, n_checkpoints=args.checkpoints, seed=0
+        )
+        render_report(small)  # warm-up: imports, font cache, matplotlib backends
+
+        t_small = best_of(args.repeat, lambda: render_report(small))
+        t_large = best_of(args.repeat, lambda: render_report(large))
+        paths = render_report(large)
+
+        def write_csv() -> None:
+            (Path(tmp) / "heads.csv").write_bytes(heads_csv_bytes(heads_table(load_run(large))))
+
+        t_csv = best_of(args.repeat, write_csv)
+        html_bytes = paths.html.stat().st_size
+        total_bytes = sum(p.stat().st_size for p in paths.all())
+
+    n_small, n_large = 6 * 8 + 1, args.layers * args.heads + 1
+    per_site_small, per_site_large = t_small / n_small, t_large / n_large
+    print(f"render_report, {args.checkpoints} checkpoints, best of {args.repeat}")
+    print(f"{'model':>12} {'sites':>6} {'wall s':>8} {'ms/site':>8}")
+    print(f"{'6x8':>12} {n_small:>6} {t_small:>8.2f} {1e3 * per_site_small:>8.2f}")
+    print(
+        f"{f'{args.layers}x{args.heads}':>12} {n_large:>6} {t_large:>8.2f} {1e3 * per_site_large:>8.2f}"
+    )
+    print(
+        f"ratio large/small render time: {t_large / t_small:.2f}x for {n_large / n_small:.1f}x the sites "
+        f"(per-site cost ratio {per_site_large / per_site_small:.3f})"
+    )
+    print(
+        f"baseline load run + write heads.csv (large): {t_csv:.2f} s; render / baseline = {t_large / t_csv:.1f}x"
+    )
+    print(
+        f"report.html {html_bytes / 2**20:.2f} MiB; all report files {total_bytes / 2**20:.2f} MiB"
+    )
+    ok = t_large < BUDGET_S and html_bytes < BUDGET_BYTES
+    print(
+        f"budget (< {BUDGET_S:.0f} s, report.html < {BUDGET_BYTES // 2**20} MiB): {'PASS' if ok else 'FAIL'}"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""The ``peakprobe`` command line: index, probe, sweep, fit, report, run, demo, toy.
+
+Exit codes: 0 success; 1 the work ran but failed (e.g. some checkpoints could not be probed,
+recorded in failures.jsonl); 2 bad input (unknown family, missing folder, bad option, empty
+data, too few checkpoints to fit), reported as one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import warnings
+from pathlib import Path
+
+EXAMPLES = {
+    "index": "peakprobe index pythia-160m --select 16\n  peakprobe index ./my-run/",
+    "probe": "peakprobe probe ./my-run/step1000 --text eval.txt",
+    "sweep": "peakprobe sweep pythia-70m --out runs/p70m --data eval.jsonl --tokenizer ./pythia-tok\n"
+    "  peakprobe sweep ./my-run --out runs/mine --data embedded --processes 2\n"
+    "  accelerate launch -m peakprobe sweep ./my-run --out runs/mine",
+    "fit": "peakprobe fit runs/mine --t-min 100",
+    "report": "peakprobe report runs/mine",
+    "run": "peakprobe run ./my-run --out runs/mine --data eval.txt",
+    "demo": "peakprobe demo --out peakprobe-demo",
+    "toy": "peakprobe toy peaked --out toy-peaked\n  peakprobe toy linear --out toy-linear --quick",
+}
+
+
+def _parser_with_examples(sub, name: str, help_text: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        name, help=help_text, description=help_text,
+        epilog="example:\n  " + EXAMPLES[name], formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # -q / -v work before or after the subcommand.
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return p
+
+
+def _steps(text: str) -> list[int]:
+    return [int(s) for s in text.replace(" ", "").split(",") if s]
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(":")
+    return int(lo), int(hi)
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("checkpoint selection")
+    g.add_argument("--select", type=int, metavar="N", help="pick N checkpoints (first and last included)")
+    g.add_argument("--spacing", choices=["log", "linear"], default="log", help="spacing of --select (default log)")
+    g.add_argument("--steps", type=_steps, help="explicit steps, comma-separated")
+    g.add_argument("--step-range", type=_range, metavar="A:B", help="only steps in [A, B]")
+    g.add_argument("--revisions", type=lambda s: s.split(","), help="explicit revisions, comma-separated")
+
+
+def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+    _add_selection(p)
+    d = p.add_argument_group("evaluation data")
+    d.add_argument("--data", default="embedded",
+                   help="'embedded', a .txt/.jsonl file, or hf:NAME[:CONFIG]:SPLIT (default embedded)")
+    d.add_argument("--text-field", default="text", help="JSONL / dataset text field (default text)")
+    d.add_argument("--n-windows", type=int, default=64, help="evaluation windows (default 64)")
+    d.add_argument("--window", type=int, default=256, help="tokens per window (default 256)")
+    d.add_argument("--tokenizer", help="tokenizer folder (default: the checkpoint's own)")
+    m = p.add_argument_group("loading and probing")
+    m.add_argument("--batch-size", type=int, default=8)
+    m.add_argument("--dtype", default="float32", help="weights dtype: float32, bfloat16, float16, float64, auto")
+    m.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    m.add_argument("--device-map", help="'auto' to spread a large checkpoint over devices")
+    m.add_argument("--allow-pickle", action="store_true", help="accept pickle (.bin) weights")
+    m.add_argument("--trust-remote-code", action="store_true")
+    m.add_argument("--chunk", type=int, default=64, help="query rows per logits block (default 64)")
+    m.add_argument("--stats-dtype", choices=["float32", "float64"], default="float32")
+    m.add_argument("--no-sensitivity", action="store_true",
+                   help="skip d(loss)/d(log beta) per site (saves a backward pass per batch)")
+    m.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
+    m.add_argument("--no-prefetch", action="store_true", help="do not load the next checkpoint ahead")
+    p.add_argument("--processes", type=int, default=1, help="split checkpoints over N local processes")
+    p.add_argument("--force", action="store_true", help="discard an existing run in --out and start over")
+
+
+def _add_fit_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fitting")
+    g.add_argument("--time-axis", choices=["auto", "tau", "step"], default="auto")
+    g.add_argument("--t-min", type=float, help="window start (default: past warmup)")
+    g.add_argument("--t-max", type=float, help="window end (default: last checkpoint)")
+    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="peakprobe",
+        description="Find the softmax that bottlenecks training: per-head peakedness and logit "
+        "growth across checkpoints, t^(1/3) fits, and a per-head report.",
+        epilog="exit codes: 0 ok, 1 failure, 2 bad input\nstart with: peakprobe demo",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summaries")
+    verbosity.add_argument("-v", "--verbose", action="store_true", help="show warnings and tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _parser_with_examples(sub, "index", "list a family's or folder's checkpoints (step, tokens, tau)")
+    p.add_argument("source", help="pythia-70m, EleutherAI/pythia-410m-deduped, OLMo/Amber hub id, or a run folder")
+    _add_selection(p)
+
+    p = _parser_with_examples(sub, "probe", "per-head table for one checkpoint folder")
+    p.add_argument("model_dir")
+    p.add_argument("--text", default="embedded", help="text file, JSONL, or 'embedded'")
+    p.add_argument("--n-windows", type=int, default=8)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--metric", default="logit_std", help="metric to sort heads by (default logit_std)")
+    p.add_argument("--allow-pickle", action="store_true")
+
+    p = _parser_with_examples(sub, "sweep", "probe every selected checkpoint; write RUN/checkpoints/*.parquet")
+    p.add_argument("source")
+    p.add_argument("--out", required=True, help="run directory")
+    _add_sweep_options(p)
+
+    p = _parser_with_examples(sub, "fit", "fit growth and loss laws; write RUN/fits.parquet and fits.json")
+    p.add_argument("run_dir")
+    _add_fit_options(p)
+
+    p = _parser_with_examples(sub, "report", "render RUN/report/ (HTML, CSV, JSON, Markdown, figures)")
+    p.add_argument("run_dir")
+
+    p = _parser_with_examples(sub, "run", "sweep + fit + report in one go")
+    p.add_argument("source")
+    p.add_argument("--out", required=True, help="run directory")
+    _add_sweep_options(p)
+    _add_fit_options(p)
+
+    p = _parser_with_examples(sub, "demo", "train the embedded tiny LM, then sweep, fit and report it")
+    p.add_argument("--out", default="peakprobe-demo", help="output folder (default peakprobe-demo)")
+    p.add_argument("--quick", action="store_true", help="a shorter training run (for tests)")
+
+    p = _parser_with_examples(sub, "toy", "the source papers' toy models")
+    p.add_argument("which", choices=["peaked", "linear"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--optimizer", choices=["sgd", "adam", "both"], default="both", help="peaked toy only")
+    p.add_argument("--steps", type=int, help="peaked toy: training steps")
+    p.add_argument("--quick", action="store_true", help="linear toy: a smaller run")
+    p.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _sweep_kwargs(args, command: str) -> dict:
+    from .hooks import ProbeConfig
+    from .sweep import SweepConfig
+
+    probe = ProbeConfig(chunk=args.chunk, dtype=args.stats_dtype,
+                        sensitivity=not args.no_sensitivity, backend=args.backend)
+    config = SweepConfig(
+        batch_size=args.batch_size, dtype=args.dtype, device=args.device, device_map=args.device_map,
+        allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
+        prefetch=not args.no_prefetch, probe=probe,
+    )
+    return dict(
+        data=args.data, n_windows=args.n_windows, window=args.window, text_field=args.text_field,
+        tokenizer=args.tokenizer, n=args.select, spacing=args.spacing, steps=args.steps,
+        step_range=args.step_range, revisions=args.revisions, config=config,
+        processes=args.processes, force=args.force, progress=not args.quiet, command=command,
+    )
+
+
+def _fit_kwargs(args) -> dict:
+    return dict(time_axis=args.time_axis, t_min=args.t_min, t_max=args.t_max,
+                n_boot=args.n_boot, seed=args.seed, progress=not args.quiet)
+
+
+def _say(args, text: str) -> None:
+    if not args.quiet:
+        print(text)
+
+
+def _sweep_status(args, summary) -> int:
+    _say(args, f"{len(summary.done)} checkpoints probed, {len(summary.skipped)} already done, "
+               f"{len(summary.failed)} failed -> {summary.run_dir}")
+    if summary.failed:
+        print(f"peakprobe: {len(summary.failed)} checkpoints failed ({', '.join(summary.failed[:5])}); "
+              f"see {summary.run_dir / 'failures.jsonl'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _dispatch(args, command: str) -> int:
+    from . import api
+
+    if args.command == "index":
+        from .checkpoints_index import format_index
+
+        seq = api.index(args.source, n=args.select, spacing=args.spacing, steps=args.steps,
+                        step_range=args.step_range, revisions=args.revisions)
+        print(format_index(seq))
+        return 0
+    if args.command == "probe":
+        from .probe_one import format_probe_table, probe_folder
+
+        frame = probe_folder(args.model_dir, text=args.text, n_windows=args.n_windows,
+                             window=args.window, allow_pickle=args.allow_pickle)
+        print(format_probe_table(frame, sort_by=args.metric))
+        return 0
+    if args.command == "sweep":
+        return _sweep_status(args, api.sweep(args.source, args.out, **_sweep_kwargs(args, command)))
+    if args.command == "fit":
+        from .fits import format_summary
+
+        fits = api.fit(args.run_dir, **_fit_kwargs(args))
+        _say(args, format_summary(fits))
+        return 0
+    if args.command == "report":
+        paths = api.report(args.run_dir, command=command)
+        _say(args, f"report: {paths.html}")
+        return 0
+    if args.command == "run":
+        summary = api.sweep(args.source, args.out, **_sweep_kwargs(args, command))
+        status = _sweep_status(args, summary)
+        from .fits import format_summary
+
+        fits = api.fit(args.out, **_fit_kwargs(args))
+        _say(args, format_summary(fits))
+        paths = api.report(args.out, command=command)
+        _say(args, f"report: {paths.html}")
+        return status
+    if args.command == "demo":
+        from .fits import format_summary
+
+        result = api.demo(args.out, quick=args.quick, progress=not args.quiet, command=command)
+        _say(args, format_summary(result.fits))
+        _say(args, f"report: {result.report.html}")
+        return _sweep_status(args, result.sweep) if result.sweep.failed else 0
+    if args.command == "toy":
+        from .toy import linear_attention, peaked_softmax
+
+        out = Path(args.out)
+        if args.which == "peaked":
+            summary = peaked_softmax.cli_peaked(out, optimizer=args.optimizer, steps=args.steps,
+                                                seed=args.seed, progress=not args.quiet)
+        else:
+            summary = linear_attention.cli_linear(out, quick=args.quick, seed=args.seed,
+                                                  progress=not args.quiet)
+        _say(args, f"toy {args.which}: results in {out} ({len(summary)} summary entries)")
+        return 0
+    raise AssertionError(args.command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 1 failure, 2 bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    command = "peakprobe " + shlex.join(argv)
+    if not args.verbose:
+        warnings.filterwarnings("ignore")
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+    try:
+        return _dispatch(args, command)
+    except KeyboardInterrupt:
+        print("peakprobe: interrupted; finished checkpoints are kept, re-run to resume", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
+        if args.verbose:
+            raise
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"peakprobe: error: {message}", file=sys.stderr)
+        return 2

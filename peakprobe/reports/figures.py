@@ -1,0 +1,271 @@
+"""The report's figures, drawn with matplotlib's Agg canvas and returned as PNG and SVG bytes.
+
+Owns: the alpha and final-peakedness heatmaps (layer x head), the log-log growth panels of the
+selected heads and the LM head, the loss curve, and the sensitivity ranking bar chart. Figures
+are built on ``matplotlib.figure.Figure`` (no pyplot, no global backend switch) and saved with
+fixed metadata and a fixed SVG hash salt, so the same inputs give the same bytes. No user text
+(model or revision names) is drawn, so nothing needs escaping and mathtext never parses it.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator
+
+from peakprobe.reports.tables import THIRD, Curve, site_label, site_matrix
+
+DPI = 110
+SVG_HASHSALT = "peakprobe"
+RC = {"svg.hashsalt": SVG_HASHSALT, "svg.fonttype": "path", "font.size": 9, "axes.titlesize": 9}
+MAX_RANKED = 20  # bars in the sensitivity figure
+
+
+@dataclass
+class RenderedFigure:
+    """One figure, ready to write (``figures/<name>.png|svg``) and to embed."""
+
+    name: str
+    title: str
+    caption: str
+    png: bytes
+    svg: bytes
+
+
+def _new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout=layout)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure) -> tuple[bytes, bytes]:
+    """PNG and SVG bytes of ``fig`` with no date, software or creator stamp."""
+    png, svg = io.BytesIO(), io.BytesIO()
+    with matplotlib.rc_context(RC):
+        fig.savefig(png, format="png", dpi=DPI, metadata={"Software": None})
+        fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None})
+    return png.getvalue(), svg.getvalue()
+
+
+def _heatmap(
+    mat: np.ndarray, cmap: str, vmin: float, vmax: float, cbar_label: str, marks: tuple[float, ...]
+) -> Figure:
+    """Layer (rows, layer 0 on top) x head (columns) colour map of ``mat`` (L, H); NaN cells grey."""
+    n_layers, n_heads = mat.shape
+    fig = _new_figure(
+        min(12.0, max(4.2, 2.6 + 0.2 * n_heads)), min(11.0, max(3.0, 1.6 + 0.17 * n_layers))
+    )
+    ax = fig.add_subplot()
+    colors = matplotlib.colormaps[cmap].with_extremes(bad="#d9d9d9")
+    mesh = ax.pcolormesh(
+        np.arange(n_heads + 1) - 0.5,
+        np.arange(n_layers + 1) - 0.5,
+        np.ma.masked_invalid(mat),
+        cmap=colors,
+        vmin=vmin,
+        vmax=vmax,
+        edgecolors="white",
+        linewidth=0.3 if n_heads * n_layers <= 400 else 0.0,
+    )
+    ax.set_xlim(-0.5, n_heads - 0.5)
+    ax.set_ylim(n_layers - 0.5, -0.5)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(n_heads, 20)))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(n_layers, 18)))
+    bar = fig.colorbar(mesh, ax=ax, shrink=0.9)
+    bar.set_label(cbar_label)
+    for value in marks:  # reference levels drawn across the colour bar
+        if vmin < value < vmax:
+            bar.ax.axhline(value, color="white", linewidth=2.0)
+            bar.ax.axhline(value, color="black", linewidth=1.0)
+    return fig
+
+
+def alpha_heatmap(heads: pd.DataFrame) -> RenderedFigure | None:
+    mat = site_matrix(heads, "alpha")  # (L, H)
+    if mat.size == 0 or not np.isfinite(mat).any():
+        return None
+    finite = mat[np.isfinite(mat)]
+    vmin = min(0.0, float(np.percentile(finite, 2)))
+    vmax = max(0.5, float(np.percentile(finite, 98)))
+    fig = _heatmap(mat, "viridis", vmin, vmax, "growth exponent α (line: 1/3)", (THIRD,))
+    png, svg = _save(fig)
+    lm = heads[heads["site_kind"] == "lm_head"]
+    lm_text = f" The LM head's α is {_num(lm['alpha'].iloc[0])}." if not lm.empty else ""
+    return RenderedFigure(
+        "alpha_heatmap",
+        "Growth exponent α of logit_std, per head",
+        "Exponent α of logit_std ∝ t^α fitted per attention head (fits.parquet); "
+        f"grey: no fit. Colour range clipped to [{vmin:.2f}, {vmax:.2f}]." + lm_text,
+        png,
+        svg,
+    )
+
+
+def peaked_heatmap(heads: pd.DataFrame, last_revision: str) -> RenderedFigure | None:
+    mat = site_matrix(heads, "final_peaked")  # (L, H)
+    if mat.size == 0 or not np.isfinite(mat).any():
+        return None
+    fig = _heatmap(mat, "magma", 0.0, 1.0, "final peaked fraction", ())
+    png, svg = _save(fig)
+    return RenderedFigure(
+        "peaked_heatmap",
+        "Final peakedness per head",
+        "Fraction of query rows whose logit_std exceeds sqrt(2 ln n) (n = keys the row "
+        f"attends to) at the last checkpoint ({last_revision}); 1 = every row in the "
+        "peaked, low-temperature regime.",
+        png,
+        svg,
+    )
+
+
+def _sparse_log_ticks(ax) -> None:
+    """Minor log ticks at 2 and 5 only: the default eight per decade cost most of the drawing time."""
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_locator(LogLocator(base=10.0, subs=(2.0, 5.0)))
+
+
+def _panel(ax, curve: Curve, time_axis: str, ylabel: str) -> None:
+    ax.loglog(curve.t, curve.value, "o", markersize=3, color="#1f77b4", label="measured")
+    if curve.fit_t.size:
+        ax.loglog(
+            curve.fit_t,
+            curve.fit_value,
+            "-",
+            color="#d62728",
+            linewidth=1.5,
+            label=f"fit α={_num(curve.alpha)}",
+        )
+        ax.loglog(curve.fit_t, curve.ref_value, "--", color="black", linewidth=1.0, label="α=1/3")
+        ax.axvspan(curve.fit_t[0], curve.fit_t[-1], color="#eeeeee", zorder=0)
+    ci = f" [{_num(curve.alpha_lo)}, {_num(curve.alpha_hi)}]" if np.isfinite(curve.alpha_lo) else ""
+    _sparse_log_ticks(ax)
+    ax.set_title(f"{curve.label}  α={_num(curve.alpha)}{ci}")
+    ax.set_xlabel(time_axis)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, loc="best", frameon=False)
+
+
+def growth_panels(curves: list[Curve], time_axis: str, how: str) -> RenderedFigure | None:
+    curves = [c for c in curves if c.t.size]
+    if not curves:
+        return None
+    n_cols = min(4, len(curves))
+    n_rows = math.ceil(len(curves) / n_cols)
+    width, height = 3.0 * n_cols, 2.6 * n_rows
+    fig = _new_figure(
+        width, height, layout=None
+    )  # fixed margins: constrained layout doubles the time
+    fig.subplots_adjust(
+        left=0.55 / width,
+        right=1 - 0.1 / width,
+        bottom=0.45 / height,
+        top=1 - 0.3 / height,
+        wspace=0.45,
+        hspace=0.55,
+    )
+    axes = fig.subplots(n_rows, n_cols, squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i < len(curves):
+            _panel(ax, curves[i], time_axis, "logit_std")
+        else:
+            ax.set_axis_off()
+    png, svg = _save(fig)
+    return RenderedFigure(
+        "growth_curves",
+        "logit_std against training time (log-log)",
+        f"Shown: {how}, and the LM head. Dots: measured logit_std; red: the fitted "
+        "c·t^α over its window (shaded); dashed: a t^(1/3) line through the fit's "
+        "geometric middle.",
+        png,
+        svg,
+    )
+
+
+def loss_figure(curve: Curve | None, time_axis: str) -> RenderedFigure | None:
+    if curve is None:
+        return None
+    fig = _new_figure(5.5, 3.6)
+    ax = fig.add_subplot()
+    ax.loglog(curve.t, curve.value, "o", markersize=3, color="#1f77b4", label="measured loss")
+    if curve.fit_t.size:
+        ax.loglog(
+            curve.fit_t,
+            curve.fit_value,
+            "-",
+            color="#d62728",
+            linewidth=1.5,
+            label=f"fit L0 + c·t^-α, α={_num(curve.alpha)}",
+        )
+        ax.loglog(
+            curve.fit_t,
+            curve.ref_value,
+            "--",
+            color="black",
+            linewidth=1.0,
+            label="L0 + c'·t^(-1/3)",
+        )
+        ax.axvspan(curve.fit_t[0], curve.fit_t[-1], color="#eeeeee", zorder=0)
+        if np.isfinite(curve.L0) and curve.L0 > 0:
+            ax.axhline(
+                curve.L0, color="grey", linestyle=":", linewidth=1.0, label=f"L0={_num(curve.L0)}"
+            )
+    _sparse_log_ticks(ax)
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))  # a loss spans about one decade:
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))  # label the 2 and 5 ticks too
+    ax.set_xlabel(time_axis)
+    ax.set_ylabel("loss (nats)")
+    ax.legend(fontsize=8, frameon=False)
+    png, svg = _save(fig)
+    return RenderedFigure(
+        "loss_curve",
+        "Loss against training time (log-log)",
+        "Dots: the LM head's mean next-token loss per checkpoint; red: the fitted "
+        "L0 + c·t^-α over its window (shaded); dashed: the same L0 with exponent 1/3, "
+        "equal to the fit at the window's geometric middle.",
+        png,
+        svg,
+    )
+
+
+def sensitivity_figure(ranking: pd.DataFrame) -> RenderedFigure | None:
+    if ranking.empty:
+        return None
+    top = ranking.head(MAX_RANKED)
+    fig = _new_figure(5.5, 1.0 + 0.22 * len(top))
+    ax = fig.add_subplot()
+    labels = [
+        site_label(k, layer, head)
+        for k, layer, head in zip(top["site_kind"], top["layer"], top["head"], strict=True)
+    ]
+    y = np.arange(len(top))
+    colors = ["#d62728" if v < 0 else "#1f77b4" for v in top["sensitivity"]]
+    ax.barh(y, top["sensitivity"].to_numpy(), color=colors)
+    ax.set_yticks(y, labels)
+    ax.set_ylim(len(top) - 0.5, -0.5)
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_xlabel("d loss / d log β at the last checkpoint")
+    png, svg = _save(fig)
+    return RenderedFigure(
+        "sensitivity",
+        "Sensitivity ranking",
+        f"The first {len(top)} sites by d loss / d log β at the last checkpoint, most negative first; "
+        "red: scaling that softmax's logits up would lower the loss.",
+        png,
+        svg,
+    )
+
+
+def _num(x: float) -> str:
+    """A number with 3 significant digits, or an em dash for NaN."""
+    if x is None or not np.isfinite(x):
+        return "—"
+    return f"{x:.3g}"

@@ -1,0 +1,153 @@
+"""``render_report``: turn a fitted run directory into ``RUN/report/``.
+
+Owns: the order of the rendering steps, the file layout of the report folder and the
+``ReportPaths`` record. Writes ``heads.csv``, ``heads.parquet``, ``summary.json``, ``summary.md``,
+``figures/<name>.png|svg`` and ``report.html``, each atomically. Everything except report.html
+(which shows the command and a timestamp) is byte-identical for the same run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+from tqdm.auto import tqdm
+
+from peakprobe.reports import figures as F
+from peakprobe.reports.html import render_html
+from peakprobe.reports.summary import build_summary, summary_markdown
+from peakprobe.reports.tables import (
+    HEADS_SCHEMA,
+    curve_sites,
+    growth_curve,
+    heads_table,
+    load_run,
+    loss_curve,
+    sensitivity_ranking,
+)
+from peakprobe.results import REPORT, table_bytes, write_bytes, write_json
+
+FIGURE_NAMES = ("alpha_heatmap", "peaked_heatmap", "growth_curves", "loss_curve", "sensitivity")
+CURVE_HEADS = 6  # attention heads drawn in the growth panels (plus the LM head)
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """The files one ``render_report`` call wrote."""
+
+    out_dir: Path
+    html: Path
+    heads_csv: Path
+    heads_parquet: Path
+    summary_json: Path
+    summary_md: Path
+    figures_png: tuple[Path, ...]
+    figures_svg: tuple[Path, ...]
+
+    def all(self) -> tuple[Path, ...]:
+        """Every written file, report.html first."""
+        return (
+            self.html,
+            self.heads_csv,
+            self.heads_parquet,
+            self.summary_json,
+            self.summary_md,
+            *self.figures_png,
+            *self.figures_svg,
+        )
+
+
+def heads_csv_bytes(heads: pd.DataFrame) -> bytes:
+    """heads.csv: header + one row per site, full float precision, '\\n' line ends, empty for NaN."""
+    return heads.to_csv(index=False, lineterminator="\n").encode()
+
+
+def render_report(
+    run_dir: str | os.PathLike,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    command: str | None = None,
+    progress: bool = False,
+) -> ReportPaths:
+    """Render ``run_dir`` (after ``fit``) into ``out_dir`` (default ``run_dir/report``).
+
+    ``command`` is the command line shown in the HTML provenance (HTML only). Raises
+    ``ReportError`` / ``RunDirError`` (both ``ValueError``) when the run cannot be reported.
+    """
+    steps = tqdm(total=7, desc="report", unit="step", disable=not progress)
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / REPORT
+    fig_dir = out / "figures"
+    steps.update()
+
+    heads = heads_table(run)
+    write_bytes(out / "heads.csv", heads_csv_bytes(heads))
+    write_bytes(out / "heads.parquet", table_bytes(heads, HEADS_SCHEMA))
+    steps.update()
+
+    rendered: dict[str, F.RenderedFigure] = {}
+    with matplotlib.rc_context(F.RC):
+        for fig in (F.alpha_heatmap(heads), F.peaked_heatmap(heads, run.last_revision)):
+            if fig is not None:
+                rendered[fig.name] = fig
+        steps.update()
+        sites, how = curve_sites(run, heads, CURVE_HEADS)
+        curves = [growth_curve(run, *site) for site in sites]
+        if (heads["site_kind"] == "lm_head").any():
+            curves.append(growth_curve(run, "lm_head", -1, -1))
+        for fig in (
+            F.growth_panels(curves, run.time_axis, how),
+            F.loss_figure(loss_curve(run), run.time_axis),
+        ):
+            if fig is not None:
+                rendered[fig.name] = fig
+        steps.update()
+        fig = F.sensitivity_figure(sensitivity_ranking(heads))
+        if fig is not None:
+            rendered[fig.name] = fig
+        steps.update()
+
+    png_paths, svg_paths = [], []
+    for name in FIGURE_NAMES:
+        png, svg = fig_dir / f"{name}.png", fig_dir / f"{name}.svg"
+        if name in rendered:
+            write_bytes(png, rendered[name].png)
+            write_bytes(svg, rendered[name].svg)
+            png_paths.append(png)
+            svg_paths.append(svg)
+        else:  # a figure an earlier render drew but this run has no data for
+            png.unlink(missing_ok=True)
+            svg.unlink(missing_ok=True)
+
+    summary = build_summary(run, heads, list(rendered))
+    write_json(out / "summary.json", summary)
+    write_bytes(out / "summary.md", summary_markdown(summary).encode())
+    steps.update()
+
+    software = {
+        "python": platform.python_version(),
+        "pandas": pd.__version__,
+        "matplotlib": matplotlib.__version__,
+    }
+    generated_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    page = render_html(
+        run, heads, summary, rendered, command=command, generated_at=generated_at, software=software
+    )
+    write_bytes(out / "report.html", page.encode())
+    steps.update()
+    steps.close()
+    return ReportPaths(
+        out,
+        out / "report.html",
+        out / "heads.csv",
+        out / "heads.parquet",
+        out / "summary.json",
+        out / "summary.md",
+        tuple(png_paths),
+        tuple(svg_paths),
+    )

@@ -1,0 +1,398 @@
+"""The frames a report draws, built from what ``fit`` and ``sweep`` wrote; no drawing here.
+
+Owns: loading and checking a run directory for reporting (``load_run``), the per-site table
+(``heads_table``, one row per softmax site, schema ``HEADS_SCHEMA``), the layer x head matrices of
+the heatmaps, the curves of the log-log figures (data, fitted line, t^(1/3) reference) and the
+sensitivity ranking. Nothing here fits or estimates anything: exponents, CIs and classes are
+copied from ``fits.parquet`` / ``fits.json``; final metrics are the raw values of the last
+checkpoint in ``checkpoints/*.parquet``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from peakprobe.results import (
+    FITS,
+    FITS_JSON,
+    read_failures,
+    read_json,
+    read_manifest,
+    read_results,
+)
+
+THIRD = 1.0 / 3.0
+
+FITS_COLUMNS = (
+    "fit",
+    "site_kind",
+    "layer",
+    "head",
+    "metric",
+    "time_axis",
+    "t_min",
+    "t_max",
+    "n_points",
+    "alpha",
+    "alpha_lo",
+    "alpha_hi",
+    "c",
+    "L0",
+    "L0_lo",
+    "L0_hi",
+    "r2",
+    "monotone",
+    "flags",
+    "first_value",
+    "final_value",
+    "site_class",
+    "sensitivity",
+)
+
+# Metrics copied from the last checkpoint into the per-site table as ``final_<metric>``.
+FINAL_METRICS = (
+    "entropy",
+    "entropy_norm",
+    "max_prob",
+    "logit_std",
+    "logit_max_minus_mean",
+    "logit_top_gap",
+    "peaked",
+    "first_key_prob",
+    "loss",
+    "target_prob",
+    "target_logit_minus_mean",
+)
+
+HEADS_SCHEMA = pa.schema(
+    [
+        ("site_kind", pa.string()),
+        ("layer", pa.int64()),
+        ("head", pa.int64()),
+        ("site_class", pa.string()),
+        ("time_axis", pa.string()),
+        ("alpha", pa.float64()),
+        ("alpha_lo", pa.float64()),
+        ("alpha_hi", pa.float64()),
+        ("c", pa.float64()),
+        ("r2", pa.float64()),
+        ("n_points", pa.int64()),
+        ("t_min", pa.float64()),
+        ("t_max", pa.float64()),
+        ("monotone", pa.bool_()),
+        ("flags", pa.string()),
+        ("first_logit_std", pa.float64()),
+        *[(f"final_{m}", pa.float64()) for m in FINAL_METRICS],
+        ("sensitivity", pa.float64()),
+    ]
+)
+HEADS_COLUMNS = tuple(HEADS_SCHEMA.names)
+SITE_KEYS = ["site_kind", "layer", "head"]
+
+
+class ReportError(ValueError):
+    """A run directory cannot be reported on (missing fits, malformed files)."""
+
+
+@dataclass
+class RunData:
+    """Everything a report reads from one run directory."""
+
+    run_dir: Path
+    manifest: dict
+    results: pd.DataFrame  # tidy, every finished checkpoint
+    fits: pd.DataFrame  # fits.parquet
+    verdicts: dict  # fits.json
+    failures: list[dict]
+    time_axis: str  # 'tau' or 'step'
+    last_revision: str
+    last_step: int
+
+
+@dataclass
+class Curve:
+    """One log-log panel: the measured points, the fitted law over its window and a 1/3 reference."""
+
+    label: str
+    site_kind: str
+    layer: int
+    head: int
+    t: np.ndarray  # (P,) time of each checkpoint with t > 0
+    value: np.ndarray  # (P,) measured metric
+    fit_t: np.ndarray  # (F,) grid over the fitted window (empty without a fit)
+    fit_value: np.ndarray  # (F,) c t^alpha (growth) or L0 + c t^-alpha (loss)
+    ref_value: (
+        np.ndarray
+    )  # (F,) the same law with exponent 1/3, equal to the fit at the window's geometric middle
+    alpha: float
+    alpha_lo: float
+    alpha_hi: float
+    L0: float  # NaN for growth curves
+
+
+def site_label(site_kind: str, layer: int, head: int) -> str:
+    """Short display name of a site: ``L3 H5`` or ``LM head``."""
+    if site_kind == "lm_head":
+        return "LM head"
+    return f"L{int(layer)} H{int(head)}"
+
+
+def load_run(run_dir: str | os.PathLike) -> RunData:
+    """Read manifest, results, fits.parquet and fits.json of a run, checking what a report needs."""
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    results = read_results(run_dir)
+    fits_path = run_dir / FITS
+    json_path = run_dir / FITS_JSON
+    if not fits_path.exists() or not json_path.exists():
+        raise ReportError(
+            f"{run_dir} has no {FITS} / {FITS_JSON}; run `peakprobe fit {run_dir}` before reporting"
+        )
+    fits = pq.read_table(fits_path).to_pandas()
+    missing = [c for c in FITS_COLUMNS if c not in fits.columns]
+    if missing:
+        raise ReportError(
+            f"{fits_path} lacks columns {', '.join(missing)}; re-run `peakprobe fit {run_dir}`"
+        )
+    verdicts = read_json(json_path)
+    if not isinstance(verdicts, dict):
+        raise ReportError(f"{json_path} is not a JSON object; re-run `peakprobe fit {run_dir}`")
+    time_axis = str(verdicts.get("time_axis") or "")
+    if time_axis not in ("tau", "step"):
+        axes = sorted(set(fits["time_axis"].dropna().astype(str)) & {"tau", "step"})
+        time_axis = axes[0] if axes else "step"
+    last = results.iloc[-1]  # read_results sorts by step
+    return RunData(
+        run_dir=run_dir,
+        manifest=manifest,
+        results=results,
+        fits=fits,
+        verdicts=verdicts,
+        failures=read_failures(run_dir),
+        time_axis=time_axis,
+        last_revision=str(last["revision"]),
+        last_step=int(last["step"]),
+    )
+
+
+def _final_metrics(run: RunData) -> pd.DataFrame:
+    """(site) x metric values at the last checkpoint, one row per site."""
+    res = run.results
+    final = res[res["revision"] == run.last_revision]
+    wide = final.pivot_table(index=SITE_KEYS, columns="metric", values="value", aggfunc="first")
+    return wide
+
+
+def heads_table(run: RunData) -> pd.DataFrame:
+    """One row per site (attention heads then the LM head), columns ``HEADS_COLUMNS``.
+
+    Fit columns come from the site's ``growth`` fit of ``logit_std`` in fits.parquet; ``final_*``
+    columns from the last checkpoint; ``sensitivity`` from the last checkpoint's ``sensitivity``
+    metric, else from fits.parquet. Sites without a fit keep NaN exponents and ``n_points`` -1.
+    """
+    fits = run.fits
+    growth = fits[(fits["fit"] == "growth") & (fits["metric"] == "logit_std")]
+    growth = growth.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
+    final = _final_metrics(run)
+    index = final.index.union(growth.index).sort_values()
+    out = pd.DataFrame(index=index)
+    for col in ("alpha", "alpha_lo", "alpha_hi", "c", "r2", "t_min", "t_max"):
+        out[col] = growth[col].reindex(index).astype("float64")
+    out["site_class"] = growth["site_class"].reindex(index).fillna("").astype(str)
+    out["time_axis"] = growth["time_axis"].reindex(index).fillna(run.time_axis).astype(str)
+    out["n_points"] = growth["n_points"].reindex(index).fillna(-1).astype("int64")
+    out["monotone"] = growth["monotone"].reindex(index).fillna(False).astype(bool)
+    out["flags"] = growth["flags"].reindex(index).fillna("").astype(str)
+    out["first_logit_std"] = growth["first_value"].reindex(index).astype("float64")
+    for metric in FINAL_METRICS:
+        if metric in final.columns:
+            out[f"final_{metric}"] = final[metric].reindex(index).astype("float64")
+        else:
+            out[f"final_{metric}"] = np.nan
+    sens = pd.Series(np.nan, index=index, dtype="float64")
+    if "sensitivity" in final.columns:
+        sens = final["sensitivity"].reindex(index).astype("float64")
+    sens = sens.fillna(growth["sensitivity"].reindex(index).astype("float64"))
+    out["sensitivity"] = sens
+    out = out.reset_index()
+    out["layer"] = out["layer"].astype("int64")
+    out["head"] = out["head"].astype("int64")
+    return out[list(HEADS_COLUMNS)].reset_index(drop=True)
+
+
+def attn_shape(heads: pd.DataFrame) -> tuple[int, int]:
+    """(n_layers, n_heads) spanned by the attention sites (0, 0 when there are none)."""
+    attn = heads[heads["site_kind"] == "attn"]
+    if attn.empty:
+        return 0, 0
+    return int(attn["layer"].max()) + 1, int(attn["head"].max()) + 1
+
+
+def site_matrix(heads: pd.DataFrame, column: str) -> np.ndarray:
+    """(n_layers, n_heads) matrix of ``column`` over the attention sites; NaN where no site."""
+    n_layers, n_heads = attn_shape(heads)
+    mat = np.full((n_layers, n_heads), np.nan)  # (L, H)
+    attn = heads[heads["site_kind"] == "attn"]
+    mat[attn["layer"].to_numpy(), attn["head"].to_numpy()] = attn[column].to_numpy(dtype="float64")
+    return mat
+
+
+def _site_fit(
+    run: RunData, fit: str, site_kind: str, layer: int, head: int, metric: str
+) -> pd.Series | None:
+    f = run.fits
+    rows = f[
+        (f["fit"] == fit)
+        & (f["site_kind"] == site_kind)
+        & (f["layer"] == layer)
+        & (f["head"] == head)
+        & (f["metric"] == metric)
+    ]
+    return None if rows.empty else rows.iloc[-1]
+
+
+def _series(
+    run: RunData, site_kind: str, layer: int, head: int, metric: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(t, value) of one site's metric over the checkpoints with t > 0, in time order."""
+    r = run.results
+    rows = r[
+        (r["site_kind"] == site_kind)
+        & (r["layer"] == layer)
+        & (r["head"] == head)
+        & (r["metric"] == metric)
+    ]
+    t = rows[run.time_axis].to_numpy(dtype="float64")
+    v = rows["value"].to_numpy(dtype="float64")
+    keep = np.isfinite(t) & (t > 0) & np.isfinite(v)
+    order = np.argsort(t[keep], kind="stable")
+    return t[keep][order], v[keep][order]
+
+
+def _window(row: pd.Series, n: int = 64) -> np.ndarray:
+    t_min, t_max = float(row["t_min"]), float(row["t_max"])
+    if not (np.isfinite(t_min) and np.isfinite(t_max)) or t_min <= 0 or t_max < t_min:
+        return np.empty(0)
+    return np.geomspace(t_min, t_max, n)
+
+
+def _f(row: pd.Series | None, key: str) -> float:
+    if row is None:
+        return math.nan
+    v = row[key]
+    return math.nan if v is None or pd.isna(v) else float(v)
+
+
+def growth_curve(
+    run: RunData, site_kind: str, layer: int, head: int, metric: str = "logit_std"
+) -> Curve:
+    """logit_std (or ``metric``) of one site against time, its fitted c t^alpha and a t^(1/3) line."""
+    t, v = _series(run, site_kind, layer, head, metric)
+    row = _site_fit(run, "growth", site_kind, layer, head, metric)
+    fit_t = _window(row) if row is not None else np.empty(0)
+    alpha, c = _f(row, "alpha"), _f(row, "c")
+    if fit_t.size and np.isfinite(alpha) and np.isfinite(c):
+        fit_v = c * fit_t**alpha  # (F,)
+        t_mid = math.sqrt(fit_t[0] * fit_t[-1])
+        ref_v = c * t_mid**alpha * (fit_t / t_mid) ** THIRD  # (F,)
+    else:
+        fit_t = fit_v = ref_v = np.empty(0)
+    return Curve(
+        site_label(site_kind, layer, head),
+        site_kind,
+        layer,
+        head,
+        t,
+        v,
+        fit_t,
+        fit_v,
+        ref_v,
+        alpha,
+        _f(row, "alpha_lo"),
+        _f(row, "alpha_hi"),
+        math.nan,
+    )
+
+
+def loss_curve(run: RunData) -> Curve | None:
+    """The LM loss against time with its fit L0 + c t^-alpha and the L0 + c' t^(-1/3) reference."""
+    t, v = _series(run, "lm_head", -1, -1, "loss")
+    if t.size == 0:
+        return None
+    row = _site_fit(run, "loss", "lm_head", -1, -1, "loss")
+    fit_t = _window(row) if row is not None else np.empty(0)
+    alpha, c, L0 = _f(row, "alpha"), _f(row, "c"), _f(row, "L0")
+    base = L0 if np.isfinite(L0) else 0.0
+    if fit_t.size and np.isfinite(alpha) and np.isfinite(c):
+        fit_v = base + c * fit_t ** (-alpha)  # (F,)
+        t_mid = math.sqrt(fit_t[0] * fit_t[-1])
+        c_ref = c * t_mid ** (-alpha) * t_mid**THIRD
+        ref_v = base + c_ref * fit_t ** (-THIRD)  # (F,)
+    else:
+        fit_t = fit_v = ref_v = np.empty(0)
+    return Curve(
+        "loss",
+        "lm_head",
+        -1,
+        -1,
+        t,
+        v,
+        fit_t,
+        fit_v,
+        ref_v,
+        alpha,
+        _f(row, "alpha_lo"),
+        _f(row, "alpha_hi"),
+        L0,
+    )
+
+
+def curve_sites(
+    run: RunData, heads: pd.DataFrame, k: int = 6
+) -> tuple[list[tuple[str, int, int]], str]:
+    """The attention sites whose growth curves are drawn, and how they were chosen.
+
+    The first choice is fits.json's ``bottleneck.top_sites`` (attention entries), then the other
+    ``concentrating`` heads by decreasing alpha, up to ``k``; with no concentrating head at all,
+    the ``k`` heads of largest alpha. The LM head is drawn separately and is not in this list.
+    """
+    attn = heads[heads["site_kind"] == "attn"]
+    present = set(zip(attn["layer"], attn["head"], strict=True))
+    chosen: list[tuple[str, int, int]] = []
+    top = (run.verdicts.get("bottleneck") or {}).get("top_sites") or []
+    for site in top:
+        key = (int(site.get("layer", -1)), int(site.get("head", -1)))
+        if site.get("site_kind") == "attn" and key in present and ("attn", *key) not in chosen:
+            chosen.append(("attn", *key))
+    conc = attn[attn["site_class"] == "concentrating"].sort_values(
+        ["alpha", "layer", "head"], ascending=[False, True, True], kind="stable"
+    )
+    for layer, head in zip(conc["layer"], conc["head"], strict=True):
+        if len(chosen) >= k:
+            break
+        if ("attn", int(layer), int(head)) not in chosen:
+            chosen.append(("attn", int(layer), int(head)))
+    chosen = chosen[:k]
+    if chosen:
+        return chosen, "top concentrating heads (fits.json top sites first, then by alpha)"
+    ranked = attn[np.isfinite(attn["alpha"])].sort_values(
+        ["alpha", "layer", "head"], ascending=[False, True, True], kind="stable"
+    )
+    chosen = [("attn", int(r.layer), int(r.head)) for r in ranked.head(k).itertuples()]
+    return chosen, "no head is classed concentrating; heads of largest alpha"
+
+
+def sensitivity_ranking(heads: pd.DataFrame) -> pd.DataFrame:
+    """Sites with a measured sensitivity, most negative d loss / d log beta first (empty if none)."""
+    measured = heads[np.isfinite(heads["sensitivity"])]
+    return measured.sort_values(
+        ["sensitivity", "site_kind", "layer", "head"], kind="stable"
+    ).reset_index(drop=True)

@@ -1,0 +1,28 @@
+"""The probed forward never holds a T x T score matrix per head: its extra memory stays far
+below one such matrix at T = 2048 (measured in a fresh process by benchmarks/memory.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
+def test_probe_memory_is_linear_not_quadratic_in_t():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "memory.py"), "--lengths", "512", "2048", "--json"],
+        capture_output=True, text=True, check=True, timeout=300,
+    )
+    res = {int(k): v for k, v in json.loads(out.stdout).items()}
+    big = res[2048]
+    # One full (H, T, T) float32 score matrix is 128 MB here; the chunked probe uses a few
+    # (H, chunk, T) blocks of 2 MB each.
+    assert big["extra_mb"] < 0.15 * big["full_scores_mb"]
+    # From T = 512 to 2048 a quadratic cost would grow 16x; allow linear growth plus slack.
+    assert big["extra_mb"] < 8 * max(res[512]["extra_mb"], 4.0)
