@@ -67,7 +67,8 @@ def _sweep_worker(payload: dict, rank: int, world: int):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    return run_sweep(rank=rank, world=world, progress=rank == 0 and payload.pop("progress"), **payload)
+    show = payload.pop("progress") and rank == 0
+    return run_sweep(rank=rank, world=world, progress=show, **payload)
 
 
 def sweep(

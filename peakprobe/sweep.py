@@ -200,7 +200,7 @@ def shard_info() -> tuple[int, int, str]:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "ACCELERATE_MIXED_PRECISION" in os.environ:
         from accelerate import PartialState
 
-        state = PartialState()
+        state = PartialState(cpu=not torch.cuda.is_available())  # cpu=True: gloo over processes
         return state.process_index, state.num_processes, str(state.device)
     return 0, 1, "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -256,7 +256,7 @@ def sweep(
     if auto_world > 1:  # launched by accelerate: the others wait for rank 0's directory
         from accelerate import PartialState
 
-        PartialState().wait_for_everyone()
+        PartialState(cpu=not torch.cuda.is_available()).wait_for_everyone()
     if rank != 0:
         prepare_run_dir(run_dir, manifest, force=False)
 

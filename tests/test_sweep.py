@@ -1,0 +1,218 @@
+"""Sweeps over a local checkpoint sequence: results equal direct probes, resume, failures,
+pickle refusal, determinism, crash safety under SIGKILL, and two-process sharding."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPTNeoXConfig
+
+from peakprobe import results
+from peakprobe.checkpoints_index import from_local
+from peakprobe.cli import main
+from peakprobe.data import EvalData, token_hash
+from peakprobe.hooks import ProbeConfig
+from peakprobe.sweep import SweepConfig, SweepError, probe_model, sweep
+from peakprobe.toy.corpus import build_tokenizer
+
+STEPS = [0, 1, 2, 4, 8, 16, 32, 64]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _model(step: int):
+    tok = build_tokenizer()
+    cfg = GPTNeoXConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=128, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(1000 + step)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # attention sharpens with "training": scale q/k like (1 + step)^(1/3)
+        for layer in model.gpt_neox.layers:
+            layer.attention.query_key_value.weight.mul_((1 + step) ** (1 / 3))
+    return model.eval(), tok
+
+
+def write_sequence(folder: Path, steps=STEPS) -> dict:
+    """save_pretrained folders step<N>/ plus a schedule; returns the in-memory models."""
+    models = {}
+    for step in steps:
+        model, tok = _model(step)
+        model.save_pretrained(folder / f"step{step}")
+        tok.save_pretrained(folder / f"step{step}")
+        models[f"step{step}"] = model
+    results.write_json(folder / "schedule.json", {
+        "kind": "warmup_cosine", "lr_max": 1e-3, "warmup_steps": 2, "total_steps": 64,
+        "final_lr_ratio": 0.1,
+    })
+    return models
+
+
+def eval_data(n: int = 4, t: int = 24) -> EvalData:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, 200, (n, t), generator=g)
+    return EvalData(ids, torch.ones_like(ids), "random", token_hash(ids))
+
+
+@pytest.fixture(scope="module")
+def sequence(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("seq")
+    models = write_sequence(folder)
+    return folder, models
+
+
+CONFIG = SweepConfig(batch_size=2, probe=ProbeConfig(sensitivity=True), prefetch=True)
+
+
+def test_sweep_results_equal_direct_probes_of_each_model(sequence, tmp_path):
+    folder, models = sequence
+    seq = from_local(folder)
+    data = eval_data()
+    summary = sweep(seq, data, tmp_path / "run", CONFIG, progress=False)
+    assert summary.done == [f"step{s}" for s in STEPS] and not summary.failed
+    manifest = results.read_manifest(tmp_path / "run")
+    assert manifest["data"]["token_hash"] == data.token_hash
+    for ckpt in seq:
+        got = pd.read_parquet(results.checkpoint_path(tmp_path / "run", ckpt.revision))
+        direct = probe_model(models[ckpt.revision], data, CONFIG)
+        assert list(got.columns) == results.RESULT_SCHEMA.names
+        assert (got["step"] == ckpt.step).all() and (got["revision"] == ckpt.revision).all()
+        assert got["tau"].iloc[0] == pytest.approx(ckpt.tau) and ckpt.tau > 0 or ckpt.step == 0
+        np.testing.assert_allclose(got["value"], direct["value"], rtol=1e-5, atol=1e-9)
+        assert got["n_rows"].tolist() == direct["n_rows"].tolist()
+    # Attention sharpened along the sequence: the first head's logit std grows.
+    df = results.read_results(tmp_path / "run")
+    std = df[(df.metric == "logit_std") & (df.layer == 0) & (df["head"] == 0)].set_index("step")["value"]
+    assert std[64] > 2 * std[0]
+
+
+def test_same_inputs_give_byte_identical_files(sequence, tmp_path):
+    folder, _ = sequence
+    seq = from_local(folder).select(steps=[0, 8, 64])
+    for name in ("a", "b"):
+        sweep(seq, eval_data(), tmp_path / name, CONFIG, progress=False)
+    for f in sorted((tmp_path / "a" / "checkpoints").glob("*.parquet")):
+        assert f.read_bytes() == (tmp_path / "b" / "checkpoints" / f.name).read_bytes()
+
+
+def test_resume_skips_done_and_refuses_a_changed_config(sequence, tmp_path):
+    folder, _ = sequence
+    seq = from_local(folder).select(steps=[0, 4, 16])
+    run = tmp_path / "run"
+    first = sweep(seq, eval_data(), run, CONFIG, progress=False)
+    assert len(first.done) == 3
+    mtimes = {f.name: f.stat().st_mtime_ns for f in (run / "checkpoints").glob("*.parquet")}
+    again = sweep(seq, eval_data(), run, CONFIG, progress=False)
+    assert again.done == [] and sorted(again.skipped) == sorted(first.done)
+    assert mtimes == {f.name: f.stat().st_mtime_ns for f in (run / "checkpoints").glob("*.parquet")}
+    with pytest.raises(SweepError, match="data"):
+        sweep(seq, eval_data(n=2), run, CONFIG, progress=False)
+    forced = sweep(seq, eval_data(n=2), run, CONFIG, force=True, progress=False)
+    assert len(forced.done) == 3
+
+
+def test_failed_and_pickle_checkpoints_are_recorded_and_the_sweep_goes_on(sequence, tmp_path):
+    folder, models = sequence
+    local = tmp_path / "seq"
+    for rev in ("step0", "step4"):
+        models[rev].save_pretrained(local / rev)
+        build_tokenizer().save_pretrained(local / rev)
+    broken = local / "step2"  # weights that are not a model
+    models["step0"].save_pretrained(broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    pickled = local / "step3"  # an old-style checkpoint: pickle weights only
+    models["step0"].save_pretrained(pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save(models["step0"].state_dict(), pickled / "pytorch_model.bin")
+    build_tokenizer().save_pretrained(pickled)
+    summary = sweep(from_local(local), eval_data(), tmp_path / "run", CONFIG, progress=False)
+    assert sorted(summary.done) == ["step0", "step4"]
+    assert sorted(summary.failed) == ["step2", "step3"]
+    failures = {f["revision"]: f["error"] for f in results.read_failures(tmp_path / "run")}
+    assert "--allow-pickle" in failures["step3"]
+    allowed = SweepConfig(batch_size=2, allow_pickle=True, probe=ProbeConfig())
+    again = sweep(from_local(local), eval_data(), tmp_path / "run2", allowed, progress=False)
+    assert "step3" in again.done
+
+
+def _cli_sweep(folder: Path, out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "peakprobe", "sweep", str(folder), "--out", str(out),
+           "--n-windows", "24", "--window", "48", "--batch-size", "2", "-q", *extra]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_sigkill_mid_sweep_then_resume_gives_identical_files(sequence, tmp_path):
+    folder, _ = sequence
+    ref = _cli_sweep(folder, tmp_path / "ref")
+    assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()
+    proc = _cli_sweep(folder, tmp_path / "run")
+    ckdir = tmp_path / "run" / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(ckdir.glob("*.parquet"))) < 3:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = sorted(ckdir.glob("*.parquet"))
+    assert 3 <= len(partial) < len(STEPS)
+    for f in partial:  # whatever is visible under a final name is complete
+        assert f.read_bytes() == (tmp_path / "ref" / "checkpoints" / f.name).read_bytes()
+    resumed = _cli_sweep(folder, tmp_path / "run")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()
+    ref_files = sorted(p.name for p in (tmp_path / "ref" / "checkpoints").glob("*.parquet"))
+    assert sorted(p.name for p in ckdir.glob("*.parquet")) == ref_files
+    assert not [p for p in ckdir.iterdir() if not p.name.endswith(".parquet")]
+    for name in ref_files:
+        assert (ckdir / name).read_bytes() == (tmp_path / "ref" / "checkpoints" / name).read_bytes()
+
+
+def test_two_processes_give_the_same_result_set(sequence, tmp_path):
+    folder, _ = sequence
+    args = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "-q"]
+    assert main(["sweep", str(folder), "--out", str(tmp_path / "one"), *args]) == 0
+    assert main(["sweep", str(folder), "--out", str(tmp_path / "two"), "--processes", "2", *args]) == 0
+    one, two = results.read_results(tmp_path / "one"), results.read_results(tmp_path / "two")
+    pd.testing.assert_frame_equal(one.drop(columns="value"), two.drop(columns="value"))
+    # Float32 forward/backward reductions may round differently with another thread count.
+    np.testing.assert_allclose(two["value"], one["value"], rtol=1e-5, atol=1e-9)
+    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    assert len(manifest["checkpoints"]) == len(STEPS)
+
+
+def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
+    assert main(["sweep", str(tmp_path / "missing"), "--out", str(tmp_path / "r"), "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("peakprobe: error:")
+    assert main(["index", "not-a-family"]) == 2
+    assert "pythia" in capsys.readouterr().err
+    assert main(["sweep", "--bogus"]) == 2
+
+
+def test_distributed_launch_two_cpu_processes_shard_through_accelerate(sequence, tmp_path):
+    """torchrun starts two gloo processes; the sweep reads its rank from accelerate's
+    PartialState and each process probes half of the checkpoints. (accelerate's own launcher
+    needs MPI for several CPU processes; on GPUs `accelerate launch -m peakprobe` is the same.)"""
+    folder, _ = sequence
+    args = ["--n-windows", "4", "--window", "24", "--batch-size", "2"]
+    assert main(["sweep", str(folder), "--out", str(tmp_path / "one"), "-q", *args]) == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "-m", "peakprobe", "sweep", str(folder), "--out", str(tmp_path / "two"), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    per_rank = [line for line in done.stdout.splitlines() if "checkpoints probed" in line]
+    assert len(per_rank) == 2 and all(line.startswith("4 checkpoints probed") for line in per_rank)
+    one, two = results.read_results(tmp_path / "one"), results.read_results(tmp_path / "two")
+    pd.testing.assert_frame_equal(one.drop(columns="value"), two.drop(columns="value"))
+    np.testing.assert_allclose(two["value"], one["value"], rtol=1e-5, atol=1e-9)
