@@ -29,12 +29,11 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from peakprobe.results import read_json, write_json
+from peakprobe.sweep import quiet_transformers_progress
 from peakprobe.toy import corpus
 
 MARKER = "tiny_lm.json"
@@ -172,26 +171,12 @@ def training_tokens(config: TinyLMConfig, tokenizer):
     return flat.view(config.steps, config.batch_size, config.seq_len)  # (S, B, T)
 
 
-@contextmanager
-def _no_transformers_bars() -> Iterator[None]:
-    """Silence transformers' per-save progress bars (ours is the training bar), then restore."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
 def _save_checkpoint(model, tokenizer, out_dir: Path, step: int) -> Path:
     """Write ``step<step>/`` atomically: save into a temporary folder, then rename it."""
     final = out_dir / f"step{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step{step}.", suffix=".tmp", dir=out_dir))
     try:
-        with _no_transformers_bars():
+        with quiet_transformers_progress():
             model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         if final.exists():  # left by an earlier, interrupted run of the same trainer
