@@ -160,3 +160,17 @@ def test_sensitivity_matches_finite_differences_and_vanishes_for_a_dead_head():
     zt = logits.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     closed = ((p * logits).sum(-1) - zt)[ok].mean().item()
     assert sens[("lm_head", -1, -1)] == pytest.approx(closed, rel=1e-9)
+
+
+def test_run_batch_returns_the_mean_next_token_loss_in_both_modes():
+    model = tiny_model("qwen2")
+    ids, mask = left_padded_batch()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    tgt = torch.where(mask[:, 1:].bool() & mask[:, :-1].bool(), ids[:, 1:], -100)
+    expected = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100
+    ).item()
+    for sensitivity in (False, True):
+        with attach(model, ProbeConfig(dtype="float64", sensitivity=sensitivity)) as probe:
+            assert probe.run_batch(ids, mask) == pytest.approx(expected, rel=1e-12)

@@ -89,6 +89,7 @@ class Probe:
         self._sens_sum: dict[int, torch.Tensor] = {}  # layer (-1 = LM head) -> (H,) float64
         self._sens_tokens = 0
         self.n_attention_calls = 0
+        self.last_loss = float("nan")
         self._sums_fn = attention_head_sums
         if config.backend == "triton" or config.backend == "auto":
             fast = _triton_sums()
@@ -172,7 +173,11 @@ class Probe:
         target = torch.full_like(ids, -1)
         nxt_ok = mask[:, 1:] & mask[:, :-1]
         target[:, :-1] = torch.where(nxt_ok, ids[:, 1:], torch.full_like(ids[:, 1:], -1))
-        step = self.config.lm_chunk
+        # Positions per block: at most lm_chunk, and few enough that one (B, C, V) temporary
+        # stays near 2^24 elements whatever the vocabulary.
+        b, v = logits.shape[0], logits.shape[-1]
+        step = max(1, min(self.config.lm_chunk, (1 << 24) // max(1, b * v)))
+        loss_sum, loss_n = 0.0, 0.0
         with torch.no_grad():
             for t0 in range(0, ids.shape[1], step):
                 t1 = min(ids.shape[1], t0 + step)
@@ -182,6 +187,9 @@ class Probe:
                     z, valid, mask[:, t0:t1].to(z.device), target=target[:, t0:t1].to(z.device)
                 )
                 self.accumulator.add_rows(SiteGroup("lm_head", -1), stats, head_dim=None)
+                loss_sum += (stats.values["loss"] * stats.weight["loss"]).sum().item()
+                loss_n += stats.weight["loss"].sum().item()
+        self.last_loss = loss_sum / loss_n if loss_n else float("nan")
 
     # -- public --------------------------------------------------------------------------
     def run_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> float:
@@ -192,8 +200,8 @@ class Probe:
             attention_mask = attention_mask.to(device)
         if not self.config.sensitivity:
             with torch.no_grad():
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-            return self._batch_loss(out.logits, input_ids, attention_mask).item()
+                self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            return self.last_loss  # computed block by block by the LM-head hook
         return self._run_sensitivity(input_ids, attention_mask)
 
     def _batch_loss(self, logits, input_ids, attention_mask) -> torch.Tensor:
