@@ -8,7 +8,7 @@ defaults. Heavy imports (torch, transformers, matplotlib) happen inside the func
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +157,8 @@ def demo(out: str | os.PathLike = "peakprobe-demo", *, quick: bool = False, prog
     from .toy.tiny_lm import TinyLMConfig, train_tiny_lm
 
     out = Path(out)
-    cfg = TinyLMConfig.quick() if quick else TinyLMConfig()
+    # quick: the test-sized model, with enough checkpoints past warmup for the loss fit.
+    cfg = replace(TinyLMConfig.quick(), n_checkpoints=12, warmup_steps=2) if quick else TinyLMConfig()
     checkpoints = train_tiny_lm(out / "checkpoints", cfg, progress=progress)
     sweep_cfg = SweepConfig(batch_size=8, probe=ProbeConfig(sensitivity=True))
     n_windows = 16 if quick else 32

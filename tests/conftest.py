@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,10 @@ from transformers import (
     Olmo2Config,
     Qwen2Config,
 )
+
+from peakprobe import results
+from peakprobe.data import EvalData, token_hash
+from peakprobe.toy.corpus import build_tokenizer
 
 VOCAB = 97
 
@@ -80,6 +85,45 @@ def left_padded_batch(seed: int = 1, batch: int = 3, length: int = 12, pads=(0, 
         mask[b, :p] = 0
         ids[b, :p] = 0
     return ids, mask
+
+
+STEPS = [0, 1, 2, 4, 8, 16, 32, 64]
+
+
+def _sequence_model(step: int):
+    tok = build_tokenizer()
+    cfg = GPTNeoXConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=128, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(1000 + step)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # attention sharpens with "training": scale q/k like (1 + step)^(1/3)
+        for layer in model.gpt_neox.layers:
+            layer.attention.query_key_value.weight.mul_((1 + step) ** (1 / 3))
+    return model.eval(), tok
+
+
+def write_sequence(folder: Path, steps=STEPS) -> dict:
+    """save_pretrained folders step<N>/ plus a schedule; returns the in-memory models."""
+    models = {}
+    for step in steps:
+        model, tok = _sequence_model(step)
+        model.save_pretrained(folder / f"step{step}")
+        tok.save_pretrained(folder / f"step{step}")
+        models[f"step{step}"] = model
+    results.write_json(folder / "schedule.json", {
+        "kind": "warmup_cosine", "lr_max": 1e-3, "warmup_steps": 2, "total_steps": 64,
+        "final_lr_ratio": 0.1,
+    })
+    return models
+
+
+def eval_data(n: int = 4, t: int = 24) -> EvalData:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, 200, (n, t), generator=g)
+    return EvalData(ids, torch.ones_like(ids), "random", token_hash(ids))
 
 
 def pytest_collection_modifyitems(config, items):

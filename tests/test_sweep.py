@@ -15,54 +15,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPTNeoXConfig
+from conftest import STEPS, eval_data, write_sequence
 
 from peakprobe import results
 from peakprobe.checkpoints_index import from_local
 from peakprobe.cli import main
-from peakprobe.data import EvalData, token_hash
 from peakprobe.hooks import ProbeConfig
 from peakprobe.sweep import SweepConfig, SweepError, probe_model, sweep
 from peakprobe.toy.corpus import build_tokenizer
 
-STEPS = [0, 1, 2, 4, 8, 16, 32, 64]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _model(step: int):
-    tok = build_tokenizer()
-    cfg = GPTNeoXConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=128, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(1000 + step)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():  # attention sharpens with "training": scale q/k like (1 + step)^(1/3)
-        for layer in model.gpt_neox.layers:
-            layer.attention.query_key_value.weight.mul_((1 + step) ** (1 / 3))
-    return model.eval(), tok
-
-
-def write_sequence(folder: Path, steps=STEPS) -> dict:
-    """save_pretrained folders step<N>/ plus a schedule; returns the in-memory models."""
-    models = {}
-    for step in steps:
-        model, tok = _model(step)
-        model.save_pretrained(folder / f"step{step}")
-        tok.save_pretrained(folder / f"step{step}")
-        models[f"step{step}"] = model
-    results.write_json(folder / "schedule.json", {
-        "kind": "warmup_cosine", "lr_max": 1e-3, "warmup_steps": 2, "total_steps": 64,
-        "final_lr_ratio": 0.1,
-    })
-    return models
-
-
-def eval_data(n: int = 4, t: int = 24) -> EvalData:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(4, 200, (n, t), generator=g)
-    return EvalData(ids, torch.ones_like(ids), "random", token_hash(ids))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,27 @@
+"""The embedded demo end to end (shortened): train the tiny LM, sweep, fit, report."""
+
+from __future__ import annotations
+
+import json
+
+from peakprobe.cli import main
+
+
+def test_quick_demo_runs_the_whole_pipeline_offline(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    assert main(["demo", "--out", str(tmp_path), "--quick"]) == 0
+    out = capsys.readouterr().out
+    html = tmp_path / "run" / "report" / "report.html"
+    assert f"report: {html}" in out
+    assert "loss:" in out and "bottleneck:" in out
+    summary = json.loads((tmp_path / "run" / "report" / "summary.json").read_text())
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step*"))
+    assert len(saved) >= 10
+    assert sorted(c["revision"] for c in manifest["checkpoints"]) == saved
+    done = sorted(p.stem for p in (tmp_path / "run" / "checkpoints").glob("*.parquet"))
+    assert done == saved
+    assert summary["loss"]["alpha"] > 0  # the loss falls along training
+    # Re-running reuses the trained checkpoints and the finished sweep.
+    assert main(["demo", "--out", str(tmp_path), "--quick", "-q"]) == 0
