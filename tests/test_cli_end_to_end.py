@@ -86,3 +86,14 @@ def test_fit_with_too_few_checkpoints_is_a_one_line_error(finished_run, tmp_path
     assert main(["fit", str(run), "-q"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "checkpoints" in err[0]
+
+
+def test_toy_linear_quick_from_the_command_line(tmp_path):
+    assert main(["toy", "linear", "--quick", "--out", str(tmp_path), "-q"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    # Softmax-free attention: the time exponent is set by the data spectrum, a / (1 + a) for
+    # feature frequencies ~ k^-(1 + a), not by 1/3.
+    a = summary["config"]["zipf_a"]
+    assert summary["time"]["alpha_sim"] == pytest.approx(a / (1 + a), abs=0.05)
+    assert abs(summary["time"]["alpha_sim"] - 1 / 3) > 0.05
+    assert [p.name for p in sorted(tmp_path.glob("*.png"))] == sorted(summary["plots"])
