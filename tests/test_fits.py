@@ -62,7 +62,7 @@ def test_power_law_point_estimate_is_the_huber_optimum() -> None:
         y = np.log(2.0 * t**THIRD * (1 + 0.03 * rng.standard_normal(30)))
         fit = fit_power_law(t, np.exp(y), n_boot=0)
 
-        def obj(p):
+        def obj(p, y=y):
             return huber_sum(y - p[0] - p[1] * x)
 
         ref = brute_force_min(obj, [[0.0, 0.0], [1.0, 0.5], [np.log(2.0), THIRD]])
@@ -160,7 +160,7 @@ def test_loss_law_point_estimate_is_the_huber_optimum() -> None:
         fit = fit_loss_law(t, np.exp(y), n_boot=0)
         lmin = float(np.exp(y).min())
 
-        def obj(p):  # p = (L0, log c, alpha); bounds by rejection
+        def obj(p, y=y, lmin=lmin):  # p = (L0, log c, alpha); bounds by rejection
             if not 0.0 <= p[0] <= lmin or p[2] < 0:
                 return 1e9
             return huber_sum(y - np.log(p[0] + np.exp(p[1] - p[2] * lt)))
