@@ -159,7 +159,7 @@ def demo(out: str | os.PathLike = "peakprobe-demo", *, quick: bool = False, prog
     out = Path(out)
     # quick: the test-sized model, with enough checkpoints past warmup for the loss fit.
     cfg = replace(TinyLMConfig.quick(), n_checkpoints=12, warmup_steps=2) if quick else TinyLMConfig()
-    checkpoints = train_tiny_lm(out / "checkpoints", cfg, progress=progress)
+    checkpoints = train_tiny_lm(out / "tiny-pythia", cfg, progress=progress)
     sweep_cfg = SweepConfig(batch_size=8, probe=ProbeConfig(sensitivity=True))
     n_windows = 16 if quick else 32
     return run(

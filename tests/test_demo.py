@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from peakprobe import results
 from peakprobe.cli import main
 
 
@@ -17,7 +20,7 @@ def test_quick_demo_runs_the_whole_pipeline_offline(tmp_path, capsys, monkeypatc
     assert "loss:" in out and "bottleneck:" in out
     summary = json.loads((tmp_path / "run" / "report" / "summary.json").read_text())
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step*"))
+    saved = sorted(p.name for p in (tmp_path / "tiny-pythia").glob("step*"))
     assert len(saved) >= 10
     assert sorted(c["revision"] for c in manifest["checkpoints"]) == saved
     done = sorted(p.stem for p in (tmp_path / "run" / "checkpoints").glob("*.parquet"))
@@ -25,3 +28,20 @@ def test_quick_demo_runs_the_whole_pipeline_offline(tmp_path, capsys, monkeypatc
     assert summary["loss"]["alpha"] > 0  # the loss falls along training
     # Re-running reuses the trained checkpoints and the finished sweep.
     assert main(["demo", "--out", str(tmp_path), "--quick", "-q"]) == 0
+
+
+@pytest.mark.slow
+def test_full_demo_grows_a_peaked_attention_head(tmp_path):
+    """The README's demo: by the last checkpoint some head is peaked (logit std above
+    sqrt(2 ln n) in most rows) and its logit std has grown along training."""
+    assert main(["demo", "--out", str(tmp_path), "-q"]) == 0
+    df = results.read_results(tmp_path / "run")
+    attn = df[df.site_kind == "attn"]
+    last, first = attn.step.max(), attn.step.min()
+    peaked = attn[(attn.metric == "peaked") & (attn.step == last) & (attn.value > 0.5)]
+    assert len(peaked) >= 1
+    std = attn[attn.metric == "logit_std"].set_index(["layer", "head", "step"])["value"]
+    for r in peaked.itertuples():
+        assert std[(r.layer, r.head, last)] > 3 * std[(r.layer, r.head, first)]
+    verdict = json.loads((tmp_path / "run" / "fits.json").read_text())
+    assert verdict["bottleneck"]["n_concentrating"] >= 1

@@ -174,18 +174,20 @@ def test_loss_law_point_estimate_is_the_huber_optimum() -> None:
 
 
 def test_loss_law_interval_coverage() -> None:
-    """200 seeded replicates of 30 points with 2% noise: the 90% intervals of alpha and L0
-    must hold the truth 85-95% of the time."""
+    """Seeded replicates of 30 points with 2% noise: the 90% intervals of alpha and L0 must
+    hold the truth 85-95% of the time. 400 replicates (the issue asks for at least 200) keep
+    the binomial spread (+-1.5%) well inside that band."""
     rng = np.random.default_rng(2024)
     t = np.logspace(1, 4, 30)
+    reps = 400
     hits_alpha = hits_l0 = 0
-    for k in range(200):
+    for k in range(reps):
         L = loss_curve(t, THIRD) * (1 + 0.02 * rng.standard_normal(30))
         fit = fit_loss_law(t, L, seed=k)
         hits_alpha += fit.alpha_lo <= THIRD <= fit.alpha_hi
         hits_l0 += fit.L0_lo <= 2.0 <= fit.L0_hi
-    assert 0.85 <= hits_alpha / 200 <= 0.95
-    assert 0.85 <= hits_l0 / 200 <= 0.95
+    assert 0.85 <= hits_alpha / reps <= 0.95
+    assert 0.85 <= hits_l0 / reps <= 0.95
 
 
 @pytest.mark.slow

@@ -205,3 +205,11 @@ def test_missing_points_are_dropped_not_fatal(tmp_path) -> None:
     row = rf.table[(rf.table["metric"] == "logit_std") & (rf.table["head"] == 0)].iloc[0]
     assert "dropped_points" in row["flags"] and row["n_points"] == rf.n_points - 1
     assert abs(row["alpha"] - THIRD) < 1e-6
+
+
+def test_fits_never_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, peakprobe.fits; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,10 +10,11 @@ Many series on the same checkpoints are fitted together, and all their bootstrap
 the refits form one (rows, n) array, solved in cache-sized blocks with a few numpy operations
 and two small matrix products per step, with no per-resample optimizer. The fit is equivariant
 (adding a line to the data adds it to the fit), so each resample fits only its resampled
-errors, starting from zero. The point estimate runs to convergence; the refits stop after
-BOOT_ITERS steps at most, which leaves the 5%/95% quantiles within ~2% of the interval's width
-of their converged values (measured; the Monte Carlo error of a 1,000-resample percentile is
-about the same).
+errors, starting from zero, in float32. The point estimate runs to convergence (float64); the
+refits stop after BOOT_ITERS steps at most, which leaves the 5%/95% quantiles within 2.2% of
+the interval's width of their converged values at 30 points and 5% noise, the slowest case
+measured, and within 0.01% at 142 points (the Monte Carlo error of a 1,000-resample percentile
+is about 2% of the width).
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def fit_power_law_many(
     """Fit every row of y (S, n) against the shared, increasing, positive times t (n,).
 
     All values must be finite and positive (fit_power_law cleans a single series first).
-    Row s gives exactly what fit_power_law(t, y[s]) gives.
+    Row s gets the fit fit_power_law(t, y[s]) gives (equal to the solver tolerance).
     """
     check_options(n_boot, ci, delta)
     t = np.asarray(t, dtype=np.float64)

@@ -13,6 +13,13 @@ once by a batched Levenberg-Marquardt iteration on the Huber IRLS weights (3x3 n
 per resample in closed form, steps accepted only when the Huber loss falls, L0 projected into
 [0, min L*] of that resample), starting from the point estimate.
 
+Coverage of the 90% alpha interval, 30 log-spaced points over three decades, L0 = 2 and a
+reducible loss of L0 / 4 at the last point: 92% at 2% noise and alpha = 1/3 (1,200
+replicates); 88-95% over alpha in {0.2, 1/3, 0.5} and noise 0.5-5% (400 replicates each; most
+conservative at alpha = 0.2 with 5% noise, where the bound L0 >= 0 is reached). When the
+reducible part is smaller than the noise at the end of the window, alpha is poorly identified
+and the interval can under-cover (88% with c = 5, alpha = 0.5, 2% noise).
+
 Internally the curve is L0 + exp(k - alpha * (log t - mean log t)) (better conditioned than c);
 c = exp(k + alpha * mean log t).
 """
@@ -130,19 +137,29 @@ def lm_fit(
     active = np.arange(len(y))
     lam = np.full(len(y), 1e-3)
     fval = _objective(theta, xc, y, delta)
+    powers = np.stack([np.ones_like(xc), xc, xc * xc], axis=1)  # (n, 3): sums of v, v xc, v xc^2
     for it in range(max_iter):
         f, u, mval = _model(theta, xc)
         r = y - f  # (M, n)
         w = delta / np.maximum(np.abs(r), delta)  # (M, n) Huber IRLS weights
-        jac = (1.0 / mval, u / mval, -xc * u / mval)  # d f / d (L0, k, alpha), each (M, n)
-        a = np.empty((len(y), 3, 3))
-        g = np.empty((len(y), 3))
+        # d f / d (L0, k, alpha) = (1 / M, u / M, -xc u / M): columns 1 and 2 differ by -xc
+        inv = 1.0 / mval
+        ju = u * inv
+        wi = w * inv
+        s_ii = (wi * inv).sum(axis=1)  # sum w / M^2
+        s_iu = (wi * ju) @ powers[:, :2]  # (M, 2): sum w u / M^2 (times 1, xc)
+        s_uu = (w * ju * ju) @ powers  # (M, 3): sum w u^2 / M^2 (times 1, xc, xc^2)
         wr = w * r
-        for i in range(3):
-            wj = w * jac[i]
-            g[:, i] = (wr * jac[i]).sum(axis=1)
-            for j in range(i, 3):
-                a[:, i, j] = a[:, j, i] = (wj * jac[j]).sum(axis=1)
+        g_i = (wr * inv).sum(axis=1)
+        g_u = (wr * ju) @ powers[:, :2]
+        a = np.empty((len(y), 3, 3))
+        a[:, 0, 0] = s_ii
+        a[:, 0, 1] = a[:, 1, 0] = s_iu[:, 0]
+        a[:, 0, 2] = a[:, 2, 0] = -s_iu[:, 1]
+        a[:, 1, 1] = s_uu[:, 0]
+        a[:, 1, 2] = a[:, 2, 1] = -s_uu[:, 1]
+        a[:, 2, 2] = s_uu[:, 2]
+        g = np.stack([g_i, g_u[:, 0], -g_u[:, 1]], axis=1)  # (M, 3) = J^T W r
         damped = a.copy()
         for i in range(3):
             damped[:, i, i] += lam * a[:, i, i] + 1e-12

@@ -17,7 +17,10 @@ series' fit (flag ``dropped_points``); a series with fewer than 4 usable points 
 NaNs flagged ``no_fit``. The loss law is fitted to the LM head's `loss`.
 
 The site classes use a late fit of logit_std: the same power law refitted on the second half of
-the window in log time (at least 6 checkpoints); see `classify`.
+the window in log time (at least 6 checkpoints); see `classify`. `peaked` and `sensitivity`
+are read at the window's last checkpoint (the run's last one unless t_max cuts it);
+first_value / final_value are the run's first and last checkpoints. The `sensitivity` column
+repeats the site's value on each of its rows (the loss row carries the LM head's).
 
 All bootstrap draws depend only on (seed, n_boot, number of points), so the same results give
 the same bytes.
@@ -38,7 +41,7 @@ from tqdm.auto import tqdm
 from peakprobe import results
 
 from . import classify
-from .common import FitError
+from .common import FEW_POINTS, FitError
 from .growth import MIN_POINTS, fit_power_law_many
 from .loss import LossFit, fit_loss_law
 
@@ -168,7 +171,7 @@ def _fit_series(t: np.ndarray, y: np.ndarray, n_boot: int, seed: int,
         n = int(mask.sum())
         if n < MIN_POINTS or np.unique(t[mask]).size < 2:
             for s in rows:
-                out[s] = {"n_points": n, "flags": "few_points;no_fit" if n < 8 else "no_fit",
+                out[s] = {"n_points": n, "flags": "few_points;no_fit" if n < FEW_POINTS else "no_fit",
                           "t_min": float(t[0]), "t_max": float(t[-1]), "monotone": False}
             continue
         fits = fit_power_law_many(t[mask], y[rows][:, mask], n_boot=n_boot, seed=seed)
