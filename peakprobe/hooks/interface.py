@@ -46,7 +46,7 @@ class ProbeConfig:
     lm_chunk: token positions per block of LM-head logits.
     """
 
-    chunk: int = 64
+    chunk: int = 32
     dtype: str = "float32"
     sensitivity: bool = False
     backend: str = "auto"
