@@ -37,6 +37,35 @@ RESULT_SCHEMA = pa.schema(
 )
 SORT_KEYS = ["site_kind", "layer", "head", "metric"]
 
+#: fits.parquet: one row per fit (docs/architecture.md).
+FITS_SCHEMA = pa.schema(
+    [
+        ("fit", pa.string()),
+        ("site_kind", pa.string()),
+        ("layer", pa.int64()),
+        ("head", pa.int64()),
+        ("metric", pa.string()),
+        ("time_axis", pa.string()),
+        ("t_min", pa.float64()),
+        ("t_max", pa.float64()),
+        ("n_points", pa.int64()),
+        ("alpha", pa.float64()),
+        ("alpha_lo", pa.float64()),
+        ("alpha_hi", pa.float64()),
+        ("c", pa.float64()),
+        ("L0", pa.float64()),
+        ("L0_lo", pa.float64()),
+        ("L0_hi", pa.float64()),
+        ("r2", pa.float64()),
+        ("monotone", pa.bool_()),
+        ("flags", pa.string()),
+        ("first_value", pa.float64()),
+        ("final_value", pa.float64()),
+        ("site_class", pa.string()),
+        ("sensitivity", pa.float64()),
+    ]
+)
+
 MANIFEST = "manifest.json"
 CHECKPOINTS = "checkpoints"
 FAILURES = "failures.jsonl"

@@ -35,10 +35,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 from tqdm.auto import tqdm
 
 from peakprobe import results
+from peakprobe.results import FITS_SCHEMA
 
 from . import classify
 from .common import FEW_POINTS, FitError
@@ -58,33 +58,6 @@ LATE_MIN_POINTS = 6
 SERIES_PER_BATCH = 64
 KEYS = ["site_kind", "layer", "head", "metric"]
 
-FITS_SCHEMA = pa.schema(
-    [
-        ("fit", pa.string()),
-        ("site_kind", pa.string()),
-        ("layer", pa.int64()),
-        ("head", pa.int64()),
-        ("metric", pa.string()),
-        ("time_axis", pa.string()),
-        ("t_min", pa.float64()),
-        ("t_max", pa.float64()),
-        ("n_points", pa.int64()),
-        ("alpha", pa.float64()),
-        ("alpha_lo", pa.float64()),
-        ("alpha_hi", pa.float64()),
-        ("c", pa.float64()),
-        ("L0", pa.float64()),
-        ("L0_lo", pa.float64()),
-        ("L0_hi", pa.float64()),
-        ("r2", pa.float64()),
-        ("monotone", pa.bool_()),
-        ("flags", pa.string()),
-        ("first_value", pa.float64()),
-        ("final_value", pa.float64()),
-        ("site_class", pa.string()),
-        ("sensitivity", pa.float64()),
-    ]
-)
 
 
 @dataclass

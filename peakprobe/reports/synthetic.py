@@ -17,37 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
-from peakprobe.results import FITS, FITS_JSON, write_checkpoint, write_json, write_parquet
-
-FITS_SCHEMA = pa.schema(
-    [
-        ("fit", pa.string()),
-        ("site_kind", pa.string()),
-        ("layer", pa.int64()),
-        ("head", pa.int64()),
-        ("metric", pa.string()),
-        ("time_axis", pa.string()),
-        ("t_min", pa.float64()),
-        ("t_max", pa.float64()),
-        ("n_points", pa.int64()),
-        ("alpha", pa.float64()),
-        ("alpha_lo", pa.float64()),
-        ("alpha_hi", pa.float64()),
-        ("c", pa.float64()),
-        ("L0", pa.float64()),
-        ("L0_lo", pa.float64()),
-        ("L0_hi", pa.float64()),
-        ("r2", pa.float64()),
-        ("monotone", pa.bool_()),
-        ("flags", pa.string()),
-        ("first_value", pa.float64()),
-        ("final_value", pa.float64()),
-        ("site_class", pa.string()),
-        ("sensitivity", pa.float64()),
-    ]
+from peakprobe.results import (
+    FITS,
+    FITS_JSON,
+    FITS_SCHEMA,
+    write_checkpoint,
+    write_json,
+    write_parquet,
 )
+
 N_KEYS = 256  # options per attention row assumed by the synthetic peakedness metrics
 VOCAB = 50304
 CI_HALF = 0.02  # half-width of the synthetic 90% CIs
