@@ -30,6 +30,7 @@ test-slow: $(STAMP)
 	PEAKPROBE_SLOW=1 $(BIN)/python -m pytest -q -m slow
 
 bench: $(STAMP)
+	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/memory.py
 	$(BIN)/python benchmarks/fit.py
 	$(BIN)/python benchmarks/report.py
