@@ -121,7 +121,7 @@ def model_modes(model, ids, lm_chunk: int, device, warmup: int, iters: int, prog
         if backend is None:
             sec, peak = measure(plain, device, warmup, iters)
         else:
-            cfg = ProbeConfig(backend=backend, lm_chunk=lm_chunk)
+            cfg = ProbeConfig(backend=backend, lm_chunk=lm_chunk, chunk=64)  # 64-row GPU blocks
             with attach(model, cfg) as probe:
                 sec, peak = measure(plain, device, warmup, iters)
                 df = probe.to_frame()

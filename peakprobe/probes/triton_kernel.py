@@ -340,7 +340,7 @@ def attention_head_sums_triton(
     mask: MaskSpec,
     softcap: float | None = None,
     row_valid: torch.Tensor | None = None,
-    chunk: int = 64,
+    chunk: int = 32,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
     """Per-head sums and row counts of every attention statistic, from one Triton kernel.
