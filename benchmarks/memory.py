@@ -1,10 +1,16 @@
 """Peak extra memory of a probed forward pass against the plain forward, as T grows.
 
 The probes compute attention logits one chunk of query rows at a time, so the extra memory
-should grow like chunk x T per head (linearly in T), not like T^2. Prints, per T, the peak RSS
-increase of a plain forward and of a probed forward (both measured in this process with the
-kernel's peak-RSS counter reset before each), and the size a full T x T x H float32 score matrix
-would take, as the quadratic baseline.
+should grow like chunk x T per head (linearly in T), not like T^2. Two measures, per T:
+
+* live tensor bytes: the peak of the bytes held by live torch tensors during the forward,
+  counted exactly by a dispatch mode that sees every allocation (deterministic, the number the
+  linearity check uses);
+* peak RSS: the kernel's peak-RSS counter reset before each call (what the process really
+  used, allocator caching included; noisy by a few MB).
+
+Both are printed next to the size a full T x T x H float32 score matrix would take, the
+quadratic baseline.
 
     python benchmarks/memory.py            # T = 512, 1024, 2048, 4096
 """
@@ -13,11 +19,64 @@ from __future__ import annotations
 
 import argparse
 import json
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
 from peakprobe.hooks import ProbeConfig, attach
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Tracks the bytes of tensor storages alive while the mode is on, and their peak.
+
+    A storage is counted when an op first returns a tensor on it and released when the last
+    tensor seen on it is collected; views share their base's storage and count once.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, list[int]] = {}  # storage data_ptr -> [nbytes, tensors alive]
+        self.now = 0
+        self.peak = 0
+
+    def _release(self, key: int) -> None:
+        entry = self._live.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._live[key]
+            self.now -= entry[0]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key == 0:
+                continue
+            entry = self._live.get(key)
+            if entry is None:
+                entry = self._live[key] = [storage.nbytes(), 0]
+                self.now += entry[0]
+                self.peak = max(self.peak, self.now)
+            entry[1] += 1
+            weakref.finalize(t, self._release, key)
+        return out
+
+
+def _live_peak_mb(fn: Callable[[], object]) -> float:
+    mode = LiveTensorBytes()
+    with mode:
+        fn()
+    return mode.peak / 2**20
 
 
 def _status_kb(field: str) -> int:
@@ -28,7 +87,7 @@ def _status_kb(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def _peak_increase_mb(fn, repeats: int = 3) -> float:
+def _rss_peak_mb(fn: Callable[[], object], repeats: int = 3) -> float:
     """Smallest peak-RSS increase over ``repeats`` calls (the allocator's caching is noisy)."""
     best = float("inf")
     for _ in range(repeats):
@@ -50,18 +109,25 @@ def measure(lengths: list[int], heads: int = 8, chunk: int = 32) -> dict[int, di
     out: dict[int, dict[str, float]] = {}
     for t in lengths:
         ids = torch.randint(0, 64, (1, t))
-        with torch.no_grad():
-            model(input_ids=ids)  # warm the allocator
-            plain = _peak_increase_mb(lambda ids=ids: model(input_ids=ids))
+
+        def plain(ids: torch.Tensor = ids) -> None:
+            with torch.no_grad():
+                model(input_ids=ids)
+
+        plain()  # warm the allocator
+        row = {"plain_live_mb": _live_peak_mb(plain), "plain_rss_mb": _rss_peak_mb(plain)}
         with attach(model, ProbeConfig(chunk=chunk)) as probe:
-            probe.run_batch(ids)
-            probed = _peak_increase_mb(lambda ids=ids, probe=probe: probe.run_batch(ids))
-        out[t] = {
-            "plain_mb": plain,
-            "probed_mb": probed,
-            "extra_mb": probed - plain,
-            "full_scores_mb": t * t * heads * 4 / 2**20,
-        }
+
+            def probed(ids: torch.Tensor = ids) -> None:
+                probe.run_batch(ids)
+
+            probed()
+            row["probed_live_mb"] = _live_peak_mb(probed)
+            row["probed_rss_mb"] = _rss_peak_mb(probed)
+        row["extra_live_mb"] = row["probed_live_mb"] - row["plain_live_mb"]
+        row["extra_rss_mb"] = row["probed_rss_mb"] - row["plain_rss_mb"]
+        row["full_scores_mb"] = t * t * heads * 4 / 2**20
+        out[t] = row
     return out
 
 
@@ -74,11 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"{'T':>6} {'plain MB':>9} {'probed MB':>10} {'extra MB':>9} {'T*T*H f32 MB':>13} {'extra/TxT':>10}")
+    print(f"{'T':>6} {'extra live MB':>14} {'extra RSS MB':>13} {'T*T*H f32 MB':>13} "
+          f"{'live/TxT':>9} {'live vs first T':>16}")
+    first_t, first = next(iter(res.items()))
     for t, r in res.items():
-        ratio = r["extra_mb"] / r["full_scores_mb"]
-        print(f"{t:>6} {r['plain_mb']:>9.1f} {r['probed_mb']:>10.1f} {r['extra_mb']:>9.1f} "
-              f"{r['full_scores_mb']:>13.1f} {ratio:>10.3f}")
+        growth = r["extra_live_mb"] / first["extra_live_mb"]
+        print(f"{t:>6} {r['extra_live_mb']:>14.2f} {r['extra_rss_mb']:>13.1f} "
+              f"{r['full_scores_mb']:>13.1f} {r['extra_live_mb'] / r['full_scores_mb']:>9.3f} "
+              f"{growth:>8.2f}x (T {t / first_t:.0f}x)")
     return 0
 
 
