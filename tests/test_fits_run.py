@@ -6,11 +6,13 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from peakprobe.fits import FitError, fit_run, format_summary, make_synthetic_run
+from peakprobe.fits.classify import bottleneck
 
 THIRD = 1.0 / 3.0
 STEPS = tuple(sorted({0, *np.unique(np.round(np.logspace(1, 4, 40)).astype(int))}))
@@ -213,3 +215,24 @@ def test_fits_never_import_torch() -> None:
 
     code = "import sys, peakprobe.fits; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _sites(n_heads: int, head_sens: float, lm_sens: float) -> pd.DataFrame:
+    rows = [("attn", 0, h, 0.0, "diffuse", head_sens) for h in range(n_heads)]
+    rows.append(("lm_head", -1, -1, 0.0, "diffuse", lm_sens))
+    return pd.DataFrame(rows, columns=["site_kind", "layer", "head", "alpha_late", "site_class",
+                                       "sensitivity"])
+
+
+@pytest.mark.parametrize(("n_heads", "verdict"), [(8, "attention"), (4, "lm_head")])
+def test_sensitivity_compares_kinds_by_one_shared_temperature(n_heads, verdict) -> None:
+    # Each head alone (-0.002) is weaker than the LM head (-0.01); one temperature over all heads
+    # is the sum: -0.016 with 8 heads (attention wins), -0.008 with 4 (the LM head wins).
+    b = bottleneck(_sites(n_heads, -0.002, -0.01))
+    assert b["verdict"] == verdict
+    assert f"all {n_heads} attention heads together {-0.002 * n_heads:.4g}" in b["reason"]
+
+
+def test_no_negative_sensitivity_gives_no_answer() -> None:
+    b = bottleneck(_sites(4, 0.001, 0.0))
+    assert b["verdict"] == "undetermined" and "no signal decides" in b["reason"]

@@ -14,10 +14,13 @@ Verdict, from two independent signals:
 1. growth: if some attention heads are concentrating and the LM head is not, growth says
    ``attention``; if the LM head is concentrating and no attention head is, ``lm_head``;
    otherwise (both or neither) growth gives no answer.
-2. sensitivity (d loss / d log beta at the last checkpoint, measured by the sweep): the site
-   with the most negative value is where sharpening the softmax lowers the loss most; if that
-   value is negative, sensitivity says that site's kind (``attention`` / ``lm_head``);
-   if no site has a negative (or any) sensitivity, it gives no answer.
+2. sensitivity (d loss / d log beta at the last checkpoint, measured by the sweep), compared
+   kind against kind on one scale: one inverse temperature shared by all attention heads has
+   d loss / d log beta = the sum of the heads' values (chain rule), the LM head's is its own.
+   The kind whose shared sharpening lowers the loss more (the more negative of the two) is the
+   answer, if that value is negative; with only one kind measured, that kind if negative; no
+   negative value, or none measured, gives no answer. Comparing the single most negative site
+   instead would pit one head against the whole LM head.
 
 The verdict is the answer the signals agree on; one answer alone is the verdict; conflicting
 answers, or none, give ``undetermined``. The reason string says which signals decided.
@@ -89,12 +92,24 @@ def _sensitivity_signal(sites: pd.DataFrame) -> tuple[str | None, str]:
     measured = sites[np.isfinite(sites["sensitivity"].to_numpy(dtype=float))]
     if not len(measured):
         return None, "sensitivity: not measured"
-    best = measured.loc[measured["sensitivity"].idxmin()]
-    text = f"sensitivity: sharpening {_site_name(best)} lowers the loss most ({best['sensitivity']:.4g})"
-    if best["sensitivity"] >= 0:
-        return None, "sensitivity: sharpening no site lowers the loss (no answer)"
-    return ("lm_head" if best["site_kind"] == "lm_head" else "attention"), text
-
+    attn = measured[measured["site_kind"] == "attn"]
+    lm = measured[measured["site_kind"] == "lm_head"]
+    totals = {}  # kind -> d loss / d log beta of one temperature shared by the kind's sites
+    parts = []
+    if len(attn):
+        totals["attention"] = float(attn["sensitivity"].sum())
+        parts.append(f"all {len(attn)} attention heads together {totals['attention']:.4g}")
+    if len(lm):
+        totals["lm_head"] = float(lm["sensitivity"].iloc[0])
+        parts.append(f"the LM head {totals['lm_head']:.4g}")
+    text = f"sensitivity (d loss / d log beta): {', '.join(parts)}"
+    if len(attn):
+        head = attn.loc[attn["sensitivity"].idxmin()]
+        text += f"; most negative head {_site_name(head)} ({head['sensitivity']:.4g})"
+    kind = min(totals, key=totals.__getitem__)
+    if totals[kind] >= 0:
+        return None, text + " (no answer: sharpening lowers no loss)"
+    return kind, text
 
 def top_sites(sites: pd.DataFrame, n: int = N_TOP_SITES) -> list[dict]:
     """Concentrating sites first, then by sensitivity (most negative first), then by late alpha."""
