@@ -126,6 +126,16 @@ def eval_data(n: int = 4, t: int = 24) -> EvalData:
     return EvalData(ids, torch.ones_like(ids), "random", token_hash(ids))
 
 
+@pytest.fixture(scope="session")
+def default_tiny_lm(tmp_path_factory) -> Path:
+    """The demo's tiny LM (default TinyLMConfig), trained once per session for the slow tests
+    (into $PEAKPROBE_TINY_LM_DIR when set, so a finished run there is reused)."""
+    from peakprobe.toy.tiny_lm import train_tiny_lm
+
+    out = Path(os.environ.get("PEAKPROBE_TINY_LM_DIR") or tmp_path_factory.mktemp("tiny-pythia"))
+    return train_tiny_lm(out, progress=False)
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PEAKPROBE_SLOW") == "1":
         return

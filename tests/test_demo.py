@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -31,9 +32,12 @@ def test_quick_demo_runs_the_whole_pipeline_offline(tmp_path, capsys, monkeypatc
 
 
 @pytest.mark.slow
-def test_full_demo_grows_a_peaked_attention_head(tmp_path):
+def test_full_demo_grows_a_peaked_attention_head(tmp_path, default_tiny_lm):
     """The README's demo: by the last checkpoint some head is peaked (logit std above
-    sqrt(2 ln n) in most rows) and its logit std has grown along training."""
+    sqrt(2 ln n) in most rows) and its logit std has grown along training. The training is
+    shared with test_tiny_lm (the demo reuses a finished run of its own config, and would
+    retrain one of any other)."""
+    shutil.copytree(default_tiny_lm, tmp_path / "tiny-pythia")
     assert main(["demo", "--out", str(tmp_path), "-q"]) == 0
     df = results.read_results(tmp_path / "run")
     attn = df[df.site_kind == "attn"]

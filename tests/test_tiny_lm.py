@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -256,10 +255,8 @@ def test_capture_helper_reproduces_the_model(quick_run):
 
 
 @pytest.mark.slow
-def test_default_run_has_a_peaked_head_whose_logits_grow(tmp_path_factory):
-    cfg = TinyLMConfig()
-    out = Path(os.environ.get("PEAKPROBE_TINY_LM_DIR") or tmp_path_factory.mktemp("default"))
-    train_tiny_lm(out, cfg, progress=False)
+def test_default_run_has_a_peaked_head_whose_logits_grow(default_tiny_lm):
+    cfg, out = TinyLMConfig(), default_tiny_lm
     ids = _eval_ids(corpus.build_tokenizer(), 8, cfg.seq_len)
     steps = cfg.checkpoint_steps()
     stds = torch.stack([head_logit_stats(out / f"step{s}", ids)[0] for s in steps])  # (C, L, H)
