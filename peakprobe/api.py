@@ -101,6 +101,10 @@ def sweep(
     from .sweep import sweep as run_sweep
 
     seq = index(source, n=n, spacing=spacing, steps=steps, step_range=step_range, revisions=revisions)
+    if any(c.path is None for c in seq):  # hub revisions: fail fast when the hub is unreachable
+        from .checkpoints_index import check_hub_reachable
+
+        check_hub_reachable(seq.source)
     config = config or SweepConfig()
     tok = load_tokenizer(seq, tokenizer)
     eval_data = load_eval_data(data, tok, n_windows=n_windows, window=window, text_field=text_field)

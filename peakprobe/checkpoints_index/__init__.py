@@ -34,7 +34,7 @@ from .families import (
     pythia,
     pythia_schedule,
 )
-from .hub import from_hub, sequence_from_branches
+from .hub import check_hub_reachable, from_hub, sequence_from_branches
 from .local import from_local
 from .names import (
     Olmo2Revision,
@@ -87,6 +87,7 @@ __all__ = [
     "UnknownRevisionError",
     "WarmupCosine",
     "format_index",
+    "check_hub_reachable",
     "from_hub",
     "from_local",
     "load_schedule",

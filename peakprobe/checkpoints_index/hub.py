@@ -74,6 +74,31 @@ def _is_network_error(exc: BaseException) -> bool:
     return False
 
 
+def check_hub_reachable(repo_id: str, timeout: float = 5.0) -> None:
+    """Fail fast, with what to do, when the hub cannot be reached for ``repo_id``'s weights.
+
+    Without this, every file of every checkpoint would first go through the hub libraries'
+    retries (about 50 s each) before falling back to the cache. Skipped in offline mode
+    (``HF_HUB_OFFLINE=1``), where the libraries read the local cache directly; any HTTP answer,
+    even an error status, counts as reachable.
+    """
+    if offline_requested():
+        return
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    try:
+        huggingface_hub.get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception as exc:
+        if not _is_network_error(exc):
+            raise
+        raise OfflineError(
+            f"the hub ({constants.ENDPOINT}) is unreachable ({type(exc).__name__}), so {repo_id} "
+            "cannot be loaded from it: if its revisions are in your Hugging Face cache, set "
+            f"HF_HUB_OFFLINE=1 to read them from there; otherwise use {LOCAL_FOLDER_TEXT}"
+        ) from None
+
+
 def from_hub(
     repo_id: str, *, token: str | None = None, stage: str | None = None
 ) -> CheckpointSequence:
