@@ -111,6 +111,7 @@ def _sensitivity_signal(sites: pd.DataFrame) -> tuple[str | None, str]:
         return None, text + " (no answer: sharpening lowers no loss)"
     return kind, text
 
+
 def top_sites(sites: pd.DataFrame, n: int = N_TOP_SITES) -> list[dict]:
     """Concentrating sites first, then by sensitivity (most negative first), then by late alpha."""
     order = sites.assign(
