@@ -1,0 +1,121 @@
+"""The one vocabulary of peakprobe: site kinds and labels, metric names, thresholds, verdict words.
+
+Every stage (probes, hooks, sweep, fits, reports, integrations) takes its names and constants
+from here, so a metric, a site label or a threshold is defined exactly once. This module
+imports nothing heavy (no torch, no pandas) and sits above every other module of the package.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# -- site kinds --------------------------------------------------------------------------------
+#: one attention head (layer, head)
+ATTN = "attn"
+#: one inverse temperature shared by the heads of one layer (layer, head = -1); attribution only
+ATTN_LAYER = "attn_layer"
+#: one inverse temperature shared by every attention head (layer = head = -1); attribution only
+ATTN_ALL = "attn_all"
+#: the next-token softmax over the vocabulary (layer = head = -1)
+LM_HEAD = "lm_head"
+SITE_KINDS: tuple[str, ...] = (ATTN, ATTN_LAYER, ATTN_ALL, LM_HEAD)
+
+
+def site_label(kind: str, layer: int = -1, head: int = -1) -> str:
+    """Human label of a site: ``attn L3 H5``, ``attn L3 (all heads)``, ``attention (all heads)``,
+    ``LM head``."""
+    if kind == ATTN:
+        return f"attn L{int(layer)} H{int(head)}"
+    if kind == ATTN_LAYER:
+        return f"attn L{int(layer)} (all heads)"
+    if kind == ATTN_ALL:
+        return "attention (all heads)"
+    if kind == LM_HEAD:
+        return "LM head"
+    raise ValueError(f"unknown site kind {kind!r}")
+
+
+# -- metrics measured per row and averaged over rows (the probes) -----------------------------------
+#: every softmax site
+COMMON_METRICS: tuple[str, ...] = (
+    "entropy",
+    "entropy_norm",
+    "max_prob",
+    "logit_std",
+    "logit_max_minus_mean",
+    "logit_top_gap",
+    "peaked",
+)
+#: attention sites add the probability on the first visible key (the attention-sink mass)
+ATTN_EXTRA: tuple[str, ...] = ("first_key_prob",)
+#: the LM head adds the next-token statistics
+LM_EXTRA: tuple[str, ...] = ("loss", "target_prob", "target_logit_minus_mean")
+ATTN_METRICS: tuple[str, ...] = COMMON_METRICS + ATTN_EXTRA
+LM_METRICS: tuple[str, ...] = COMMON_METRICS + LM_EXTRA
+
+# -- attribution metrics (per site, from an inverse temperature beta on that site's logits) ----------
+#: d loss / d log beta at beta = 1
+SENSITIVITY = "sensitivity"
+#: d^2 loss / d (log beta)^2 at beta = 1
+CURVATURE = "curvature"
+#: the optimal-temperature gain G = L(beta = 1) - min_beta L(beta)
+GAIN = "gain"
+#: log of the minimising beta
+LOG_BETA_OPT = "log_beta_opt"
+ATTRIBUTION_METRICS: tuple[str, ...] = (SENSITIVITY, CURVATURE, GAIN, LOG_BETA_OPT)
+
+#: the metrics the growth laws are fitted to: logit magnitudes (the 1/3 law is about these)
+#: and, as descriptive effective exponents, max_prob and entropy
+GROWTH_METRICS: tuple[str, ...] = (
+    "logit_std",
+    "logit_max_minus_mean",
+    "logit_top_gap",
+    "target_logit_minus_mean",
+    "max_prob",
+    "entropy",
+)
+#: the per-site metrics the report's table shows at the last checkpoint
+FINAL_METRICS: tuple[str, ...] = (
+    "logit_std",
+    "entropy",
+    "max_prob",
+    "peaked",
+    "first_key_prob",
+)
+
+# -- thresholds --------------------------------------------------------------------------------
+THIRD = 1.0 / 3.0
+#: the default equivalence band around 1/3 for the three-way verdict
+BAND: tuple[float, float] = (0.25, 0.42)
+#: the confidence level of every interval
+CI_LEVEL = 0.9
+#: a site is peaked when at least this share of its rows is (at the window's last checkpoint)
+PEAKED_FRACTION = 0.5
+#: a late logit_std exponent whose lower bound exceeds this is still growing
+GROWTH_FLOOR = 0.05
+
+
+def peaked_threshold(n: Any) -> Any:
+    """The random-energy-model threshold sqrt(2 ln n) on the logit std over n options.
+
+    Works on a Python number, a numpy array or a torch tensor (n >= 1; 0 at n = 1)."""
+    if isinstance(n, (int, float)):
+        return math.sqrt(2.0 * math.log(n)) if n > 1 else 0.0
+    if hasattr(n, "clamp"):  # torch: no numpy round trip, stays on its device
+        return (2.0 * n.clamp(min=1).log()).sqrt()
+    import numpy as np
+
+    return np.sqrt(2.0 * np.log(np.maximum(n, 1)))
+
+# -- verdict words -------------------------------------------------------------------------------
+#: the three-way judgement of an exponent against 1/3 (see fits)
+CONSISTENT = "consistent"
+INCONSISTENT = "inconsistent"
+INCONCLUSIVE = "inconclusive"
+THIRD_VERDICTS: tuple[str, ...] = (CONSISTENT, INCONSISTENT, INCONCLUSIVE)
+#: the bottleneck answer: the softmax kind that holds the loss back, none, or not decidable
+BOTTLENECK_ATTENTION = "attention"
+BOTTLENECK_LM_HEAD = "lm_head"
+BOTTLENECK_NONE = "none"
+BOTTLENECK_UNDETERMINED = "undetermined"
