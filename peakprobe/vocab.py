@@ -51,6 +51,14 @@ COMMON_METRICS: tuple[str, ...] = (
 ATTN_EXTRA: tuple[str, ...] = ("first_key_prob",)
 #: the LM head adds the next-token statistics
 LM_EXTRA: tuple[str, ...] = ("loss", "target_prob", "target_logit_minus_mean")
+#: peakedness as the authors judge it: the inverse temperature at which Gaussian logits over the
+#: row's n options have the row's entropy, and the flag beta_eff > sqrt(2 ln n)
+BETA_EFF = "beta_eff"
+PEAKED_ENTROPY = "peaked_entropy"
+#: attention statistics with the first visible key (the sink) left out, suffix "_xsink"
+XSINK_SUFFIX = "_xsink"
+#: models with a learned sink logit per head (gpt-oss): the probability the sink takes
+SINK_PROB = "sink_prob"
 ATTN_METRICS: tuple[str, ...] = COMMON_METRICS + ATTN_EXTRA
 LM_METRICS: tuple[str, ...] = COMMON_METRICS + LM_EXTRA
 
@@ -107,6 +115,10 @@ def peaked_threshold(n: Any) -> Any:
     import numpy as np
 
     return np.sqrt(2.0 * np.log(np.maximum(n, 1)))
+
+# -- run-directory files written beside the results (see results.py) ---------------------------------
+#: checkpoints whose weights duplicate another's, written by the sweep; fits exclude them
+INTEGRITY = "integrity.json"
 
 # -- verdict words -------------------------------------------------------------------------------
 #: the three-way judgement of an exponent against 1/3 (see fits)
