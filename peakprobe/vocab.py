@@ -131,3 +131,8 @@ BOTTLENECK_ATTENTION = "attention"
 BOTTLENECK_LM_HEAD = "lm_head"
 BOTTLENECK_NONE = "none"
 BOTTLENECK_UNDETERMINED = "undetermined"
+
+
+class PeakprobeWarning(UserWarning):
+    """Base class of every warning peakprobe issues; the command line shows these by default
+    (one line each, ``peakprobe: warning: ...``) and hides other libraries' warnings."""

@@ -2,7 +2,7 @@
 
 References: torch autograd for the written-out KL gradient; the closed form teacher logit std
 1/T; synthetic curves with known exponents for the summary; the 1/3 law band [0.30, 0.37] of
-REFERENCE.md for short real runs.
+docs/science.md for short real runs.
 """
 
 from __future__ import annotations
