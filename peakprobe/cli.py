@@ -222,14 +222,13 @@ def _dispatch(args, command: str) -> int:
         _say(args, f"report: {paths.html}")
         return 0
     if args.command == "run":
-        summary = api.sweep(args.source, args.out, **_sweep_kwargs(args, command))
-        status = _sweep_status(args, summary)
         from .fits import format_summary
 
-        fits = api.fit(args.out, **_fit_kwargs(args))
-        _say(args, format_summary(fits))
-        paths = api.report(args.out, command=command)
-        _say(args, f"report: {paths.html}")
+        result = api.run(args.source, args.out, fit_kwargs=_fit_kwargs(args),
+                         **_sweep_kwargs(args, command))
+        status = _sweep_status(args, result.sweep)
+        _say(args, format_summary(result.fits))
+        _say(args, f"report: {result.report.html}")
         return status
     if args.command == "demo":
         from .fits import format_summary
