@@ -24,10 +24,9 @@ class RunResult:
     report: Any
 
 
-def _note(progress: bool, text: str) -> None:
-    """One line on stderr (the CLI hides Python warnings unless -v)."""
-    if progress:
-        print(f"peakprobe: note: {text}", file=sys.stderr)
+def _note(text: str) -> None:
+    """One line on stderr, also under -q (the CLI hides Python warnings unless -v)."""
+    print(f"peakprobe: note: {text}", file=sys.stderr)
 
 
 def _resolve(source: str, schedule: str | None):
@@ -37,7 +36,7 @@ def _resolve(source: str, schedule: str | None):
     return seq if schedule is None else with_schedule(seq, read_schedule_file(schedule))
 
 
-def _available(seq, *, check_hub: bool, progress: bool):
+def _available(seq, *, check_hub: bool):
     """(available sequence, where-words, offline) for ``seq``: the HF cache when offline or when
     the hub is unreachable and the cache holds some revisions; else everything."""
     from .checkpoints_index import (
@@ -57,7 +56,7 @@ def _available(seq, *, check_hub: bool, progress: bool):
         except OfflineError:
             if not cached_refs(seq.source):
                 raise
-            _note(progress, f"the hub is unreachable: using the revisions of {seq.source} in the HF cache")
+            _note(f"the hub is unreachable: using the revisions of {seq.source} in the HF cache")
             offline = True
     if offline:
         cached = restrict_to_cache(seq)
@@ -76,7 +75,6 @@ def index(
     step_range: tuple[int, int] | None = None,
     revisions: list[str] | None = None,
     schedule: str | None = None,
-    progress: bool = True,
 ):
     """The checkpoints of ``source`` (a family name, hub id or local run folder), optionally a
     subset; offline, the revisions held in the HF cache. ``schedule`` is a schedule file (JSON,
@@ -84,13 +82,13 @@ def index(
     from .checkpoints_index import select_available
 
     full = _resolve(source, schedule)
-    available, where, _ = _available(full, check_hub=False, progress=progress)
+    available, where, _ = _available(full, check_hub=False)
     if n is None and not (steps or step_range or revisions):
         return available
     seq, note = select_available(full, available, where=where, n=n, spacing=spacing, steps=steps,
                                  step_range=step_range, revisions=revisions)
     if note:
-        _note(progress, note)
+        _note(note)
     return seq
 
 
@@ -141,14 +139,14 @@ def sweep(
             f"--data embedded is the demo's synthetic corpus and means nothing to {full.source}: "
             "give real text with --data FILE.txt|FILE.jsonl or --data hf:NAME[:CONFIG]:SPLIT"
         )
-    available, where, offline = _available(full, check_hub=True, progress=progress)
+    available, where, offline = _available(full, check_hub=True)
     seq, note = select_available(full, available, where=where, n=n, spacing=spacing, steps=steps,
                                  step_range=step_range, revisions=revisions)
     if note:
-        _note(progress, note)
+        _note(note)
     unknown = [c.revision for c in seq if c.tau is None]
     if unknown:
-        _note(progress, f"tau is unknown for {len(unknown)} of {len(seq)} checkpoints of {seq.name} "
+        _note(f"tau is unknown for {len(unknown)} of {len(seq)} checkpoints of {seq.name} "
                         "(no learning-rate schedule): the fits use steps; give --schedule FILE to fix")
     config = config or SweepConfig()
     if offline:

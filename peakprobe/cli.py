@@ -203,8 +203,7 @@ def _dispatch(args, command: str) -> int:
         from .checkpoints_index import format_index
 
         seq = api.index(args.source, n=args.select, spacing=args.spacing, steps=args.steps,
-                        step_range=args.step_range, revisions=args.revisions, schedule=args.schedule,
-                        progress=not args.quiet)
+                        step_range=args.step_range, revisions=args.revisions, schedule=args.schedule)
         print(format_index(seq))
         return 0
     if args.command == "probe":

@@ -341,7 +341,8 @@ def read_schedule_file(path: str | Path) -> Schedule:
             return schedule
         return schedule_from_json(obj)
     except ScheduleError as exc:
-        raise ScheduleError(f"{path}: {exc}") from None
+        msg = str(exc) if ACCEPTED_FORMS in str(exc) else f"{exc}; {ACCEPTED_FORMS}"
+        raise ScheduleError(f"{path}: {msg}") from None
 
 
 def schedule_from_trainer_state(state: dict) -> TableSchedule | None:

@@ -70,7 +70,7 @@ def select_available(
             return available.select(steps=pythia_default_steps(available.steps)), None
         return available, None
     picked = available.select(n=n, spacing=spacing, step_range=step_range)
-    if n is not None and len(picked) < n and len(available) < len(full):
-        note = (f"requested {n} checkpoints, {len(picked)} of the {len(available)} {where} "
-                f"were selected ({len(full) - len(available)} of {len(full)} revisions are not {where})")
+    if n is not None and len(picked) < n and len(available) < n:
+        note = (f"requested {n} checkpoints, selected {len(picked)}: only {len(available)} of the "
+                f"{len(full)} revisions of {full.name} are {where}")
     return picked, note
