@@ -82,11 +82,12 @@ def index(
     from .checkpoints_index import select_available
 
     full = _resolve(source, schedule)
-    available, where, _ = _available(full, check_hub=False)
+    available, where, offline = _available(full, check_hub=False)
     if n is None and not (steps or step_range or revisions):
         return available
     seq, note = select_available(full, available, where=where, n=n, spacing=spacing, steps=steps,
-                                 step_range=step_range, revisions=revisions)
+                                 step_range=step_range, revisions=revisions,
+                                 complete=not offline or full.family == "pythia")
     if note:
         _note(note)
     return seq
@@ -141,7 +142,8 @@ def sweep(
         )
     available, where, offline = _available(full, check_hub=True)
     seq, note = select_available(full, available, where=where, n=n, spacing=spacing, steps=steps,
-                                 step_range=step_range, revisions=revisions)
+                                 step_range=step_range, revisions=revisions,
+                                 complete=not offline or full.family == "pythia")
     if note:
         _note(note)
     unknown = [c.revision for c in seq if c.tau is None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .cache import cached_refs
-from .errors import SelectionError
+from .errors import SelectionError, UnknownRevisionError
 from .families import pythia_default_steps
 from .records import Checkpoint, CheckpointSequence
 from .schedules import Schedule
@@ -42,23 +42,31 @@ def select_available(
     steps: list[int] | None = None,
     step_range: tuple[int, int] | None = None,
     revisions: list[str] | None = None,
+    complete: bool = True,
 ) -> tuple[CheckpointSequence, str | None]:
     """Select among ``available`` (a subset of ``full``); returns the selection and a one-line
     note on what was requested but is not available (None when nothing is missing).
 
-    A step or revision unknown to ``full`` is still an error (a typo); with no selection at all,
-    Pythia gets its default (the authors' steps plus log-spaced fill), others everything."""
+    A step or revision unknown to ``full`` is an error (a typo) when ``full`` is the complete
+    list (built-in table, hub listing), and merely missing when ``full`` is itself what the cache
+    holds (``complete=False``). With no selection at all, Pythia gets its default (the authors'
+    steps plus log-spaced fill), others everything."""
     if not len(available):
         raise SelectionError(f"none of the {len(full)} revisions of {full.name} is {where}")
     have = set(available.revisions)
     note = None
     if steps is not None or revisions is not None:
-        wanted: list[Checkpoint] = (
-            [full.by_step(int(s)) for s in sorted(set(steps))] if steps is not None
-            else [full.by_revision(r) for r in dict.fromkeys(revisions)]
-        )
-        missing = [c.revision for c in wanted if c.revision not in have]
-        present = [c.revision for c in wanted if c.revision in have]
+        keys = sorted(set(int(s) for s in steps)) if steps is not None else list(dict.fromkeys(revisions))
+        missing, present = [], []
+        for key in keys:
+            try:
+                c: Checkpoint = full.by_step(key) if steps is not None else full.by_revision(key)
+            except UnknownRevisionError:
+                if complete:
+                    raise
+                missing.append(f"step {key}" if steps is not None else key)
+                continue
+            (present if c.revision in have else missing).append(c.revision)
         if not present:
             raise SelectionError(f"none of the requested revisions of {full.name} is {where} "
                                  f"(missing: {_short(missing)})")
