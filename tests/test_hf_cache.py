@@ -206,3 +206,24 @@ def test_prune_cache_deletes_only_what_the_sweep_downloaded(saved, hf_home, tmp_
     assert all(results.checkpoint_path(run, r).exists() for r in seq.revisions)
     repo = {r.repo_id: r for r in scan_cache_dir(hf_home / "hub").repos}[PYTHIA_ID]
     assert len(repo.revisions) == 3  # snapshots of the downloads are gone, the rest intact
+
+
+def test_unreachable_hub_falls_back_to_the_cache_with_one_note(saved, hf_home, text_file, tmp_path,
+                                                             capsys, monkeypatch):
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    for step in (1, 4):
+        cache_revision(hf_home / "hub", PYTHIA_ID, f"step{step}", saved[step])
+    out = tmp_path / "R"
+    assert main(["sweep", PYTHIA_ID, "--out", str(out), "--steps", "1,4", "--data", str(text_file),
+                 *ARGS[:6], "-q"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"peakprobe: note: the hub is unreachable: using the revisions of {PYTHIA_ID} in the HF cache"]
+    assert sorted(p.stem for p in (out / "checkpoints").glob("*.parquet")) == ["step1", "step4"]
