@@ -18,6 +18,7 @@ EXAMPLES = {
     "probe": "peakprobe probe ./my-run/step1000 --text eval.txt",
     "sweep": "peakprobe sweep pythia-70m --out runs/p70m --data eval.jsonl --tokenizer ./pythia-tok\n"
     "  peakprobe sweep ./my-run --out runs/mine --data embedded --processes 2\n"
+    "  peakprobe sweep pythia-160m --out runs/p160m --data eval.txt --shard $SLURM_ARRAY_TASK_ID/8\n"
     "  accelerate launch -m peakprobe sweep ./my-run --out runs/mine",
     "fit": "peakprobe fit runs/mine --t-min 100",
     "report": "peakprobe report runs/mine",
@@ -54,6 +55,8 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=_steps, help="explicit steps, comma-separated")
     g.add_argument("--step-range", type=_range, metavar="A:B", help="only steps in [A, B]")
     g.add_argument("--revisions", type=lambda s: s.split(","), help="explicit revisions, comma-separated")
+    g.add_argument("--schedule", metavar="FILE",
+                   help="learning-rate schedule giving tau: JSON, CSV (step, lr; W&B export) or trainer_state.json")
 
 
 def _add_sweep_options(p: argparse.ArgumentParser) -> None:
@@ -83,6 +86,10 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
     m.add_argument("--no-prefetch", action="store_true", help="do not load the next checkpoint ahead")
     p.add_argument("--processes", type=int, default=1, help="split checkpoints over N local processes")
+    p.add_argument("--shard", metavar="K/N",
+                   help="probe only checkpoints K, K+N, ... (job arrays: one K per job, same --out)")
+    p.add_argument("--prune-cache", action="store_true",
+                   help="delete each hub revision this sweep downloaded from the HF cache once its results are written")
     p.add_argument("--force", action="store_true", help="discard an existing run in --out and start over")
 
 
@@ -169,6 +176,7 @@ def _sweep_kwargs(args, command: str) -> dict:
         tokenizer=args.tokenizer, n=args.select, spacing=args.spacing, steps=args.steps,
         step_range=args.step_range, revisions=args.revisions, config=config,
         processes=args.processes, force=args.force, progress=not args.quiet, command=command,
+        schedule=args.schedule, shard=args.shard, prune_cache=args.prune_cache,
     )
 
 
@@ -183,8 +191,9 @@ def _say(args, text: str) -> None:
 
 
 def _sweep_status(args, summary) -> int:
+    busy = f", {len(summary.busy)} held by another process" if summary.busy else ""
     _say(args, f"{len(summary.done)} checkpoints probed, {len(summary.skipped)} already done, "
-               f"{len(summary.failed)} failed -> {summary.run_dir}")
+               f"{len(summary.failed)} failed{busy} -> {summary.run_dir}")
     if summary.failed:
         print(f"peakprobe: {len(summary.failed)} checkpoints failed ({', '.join(summary.failed[:5])}); "
               f"see {summary.run_dir / 'failures.jsonl'}", file=sys.stderr)
@@ -199,7 +208,7 @@ def _dispatch(args, command: str) -> int:
         from .checkpoints_index import format_index
 
         seq = api.index(args.source, n=args.select, spacing=args.spacing, steps=args.steps,
-                        step_range=args.step_range, revisions=args.revisions)
+                        step_range=args.step_range, revisions=args.revisions, schedule=args.schedule)
         print(format_index(seq))
         return 0
     if args.command == "probe":

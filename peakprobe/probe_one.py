@@ -19,24 +19,21 @@ def probe_folder(
     allow_pickle: bool = False,
     sensitivity: bool = False,
 ) -> pd.DataFrame:
-    """Tidy per-site statistics of the checkpoint in ``model_dir`` over ``text``."""
-    from transformers import AutoTokenizer
+    """Tidy per-site statistics of the checkpoint in ``model_dir`` over ``text``.
 
-    from .checkpoints_index import Checkpoint, CheckpointSequence
+    A folder without a config or a loadable tokenizer is a one-line error (FileNotFoundError /
+    DataError), never a traceback."""
     from .data import load_eval_data
     from .hooks import ProbeConfig
-    from .sweep import SweepConfig, load_model, probe_model
+    from .sweep import SweepConfig, load_model, load_tokenizer, probe_model
 
     folder = Path(model_dir)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a saved model folder (no config.json)")
-    ckpt = Checkpoint(revision=folder.name, step=0, tokens=None, tau=None, path=str(folder))
-    seq = CheckpointSequence(name=folder.name, source=str(folder), checkpoints=[ckpt],
-                             schedule=None, family=None)
     config = SweepConfig(allow_pickle=allow_pickle, prefetch=False,
                          probe=ProbeConfig(sensitivity=sensitivity))
-    data = load_eval_data(text, AutoTokenizer.from_pretrained(folder), n_windows=n_windows, window=window)
-    model = load_model(seq, ckpt, config, "cuda" if _cuda() else "cpu")
+    data = load_eval_data(text, load_tokenizer(folder), n_windows=n_windows, window=window)
+    model = load_model(str(folder), None, config, "cuda" if _cuda() else "cpu")
     return probe_model(model, data, config)
 
 
