@@ -123,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model_dir")
     p.add_argument("--text", default="embedded", help="text file, JSONL, or 'embedded'")
     p.add_argument("--n-windows", type=int, default=8)
-    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--window", type=int, default=None,
+                   help="tokens per window (default 1024, clamped to the model's maximum positions)")
+    p.add_argument("--layout", choices=["document", "packed"], default="document")
     p.add_argument("--metric", default="logit_std", help="metric to sort heads by (default logit_std)")
     p.add_argument("--allow-pickle", action="store_true")
 
@@ -215,7 +217,7 @@ def _dispatch(args, command: str) -> int:
         from .probe_one import format_probe_table, probe_folder
 
         frame = probe_folder(args.model_dir, text=args.text, n_windows=args.n_windows,
-                             window=args.window, allow_pickle=args.allow_pickle)
+                             window=args.window, layout=args.layout, allow_pickle=args.allow_pickle)
         print(format_probe_table(frame, sort_by=args.metric))
         return 0
     if args.command == "sweep":
