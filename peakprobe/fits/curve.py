@@ -1,0 +1,221 @@
+"""The 1/3 test on an external loss curve: time axis, window, loss-law fit, verdict, window scan.
+
+For each model of a :class:`~peakprobe.fits.curve_io.Curve`:
+
+* time: a ``tau`` column when every row has one; else tau from a schedule (``schedule``, or
+  the Pythia schedule of ``family`` or of the model's own name, e.g. ``pythia-160m``); else
+  the step (flag ``tau_unknown``). ``lr_max`` (for the tau·lr_max axis) comes from that schedule.
+* window: steps in [t_min_step, t_max_step] with t > 0; by default from step 512 (the 1/3-law
+  authors' Pythia window; they start 70M at 256).
+* fit: :func:`~peakprobe.fits.loss.fit_loss_law` (L0 in [0, min L over the window]: the final
+  loss on a monotone curve, tighter on one that rises again; flag ``non_monotone`` /
+  ``late_rise`` when it does), judged against 1/3 by :func:`~peakprobe.fits.third.judge_third`.
+* window scan: the same fit with the window start moved later through up to SCAN_STARTS
+  checkpoints (at least SCAN_MIN_POINTS left in each window); a start whose alpha falls outside
+  the full window's 90% interval is a drift (flag ``window_drift``).
+
+A model whose fit fails (too few points in the window) is listed in ``failed`` with its one-line
+reason; the others are still fitted. numpy / pandas only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from peakprobe.checkpoints_index import PYTHIA_SHAPES, UnknownFamilyError, pythia_schedule
+from peakprobe.checkpoints_index.families import match_pythia
+
+from ..vocab import BAND
+from .common import FitError
+from .curve_io import Curve, CurveError
+from .loss import LossFit, fit_loss_law
+from .third import check_band, judge_third
+
+DEFAULT_T_MIN_STEP = 512
+SCAN_STARTS = 8
+SCAN_MIN_POINTS = 8
+PYTHIA_VOCAB = 50304  # padded vocabulary of every Pythia size (untied in/out embeddings)
+SCAN_COLUMNS = ["model", "t_min_step", "t_min", "n_points", "alpha", "alpha_lo", "alpha_hi",
+                "verdict", "drift"]
+
+
+@dataclass
+class CurveFit:
+    """One model's curve, its window, loss-law fit, three-way verdict and window scan."""
+
+    model: str
+    time_axis: str  # "tau" or "step"
+    lr_max: float | None
+    n_params: float | None
+    steps: np.ndarray  # (T,) every step with t > 0
+    t: np.ndarray  # (T,)
+    loss: np.ndarray  # (T,)
+    in_window: np.ndarray  # (T,) bool
+    fit: LossFit
+    verdict: str
+    scan: pd.DataFrame  # SCAN_COLUMNS
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CurveResult:
+    """All models of one external curve file."""
+
+    curve: Curve
+    fits: list[CurveFit]
+    failed: dict[str, str]
+    band: tuple[float, float]
+    t_min_step: float
+    t_max_step: float | None
+
+
+def pythia_parameters(size: str) -> int:
+    """Total parameters of Pythia ``size`` (embeddings included), from its shape:
+    12 d^2 + 13 d per GPT-NeoX layer, two untied V x d embeddings, a final layer norm."""
+    s = PYTHIA_SHAPES[size]
+    d = s.hidden_size
+    return s.n_layers * (12 * d * d + 13 * d) + 2 * PYTHIA_VOCAB * d + 2 * d
+
+
+def pythia_size(name: str) -> str | None:
+    """``70m`` for ``pythia-70m`` / ``EleutherAI/pythia-70m-deduped``; None for other names."""
+    try:
+        hit = match_pythia(name)
+    except UnknownFamilyError:
+        return None
+    return hit[0] if hit else None
+
+
+def _schedule_for(model: str, family: str | None, schedule):
+    if schedule is not None:
+        return schedule
+    name = family or model
+    size = pythia_size(name)
+    if size is None:
+        if family is not None:
+            raise CurveError(f"unknown family {family!r}: --family knows pythia-<size>; give "
+                             "any other schedule as --schedule schedule.json")
+        return None
+    return pythia_schedule(size)
+
+
+def window_scan(model: str, t: np.ndarray, y: np.ndarray, steps: np.ndarray,
+                interval: tuple[float, float], *, n_boot: int = 1000, seed: int = 0,
+                band: tuple[float, float] = BAND) -> pd.DataFrame:
+    """The loss law refitted from later and later window starts (t, y, steps: the window,
+    sorted by time); ``drift`` marks an alpha outside ``interval`` (the full window's)."""
+    last = len(t) - SCAN_MIN_POINTS
+    rows = []
+    if last >= 0:
+        idx = np.unique(np.round(np.geomspace(1, last + 1, min(SCAN_STARTS, last + 1))).astype(int) - 1)
+        for i in idx:
+            try:
+                f = fit_loss_law(t[i:], y[i:], n_boot=n_boot, seed=seed)
+            except FitError:
+                continue
+            drift = not (interval[0] <= f.alpha <= interval[1])
+            rows.append({"model": model, "t_min_step": int(steps[i]), "t_min": float(t[i]),
+                         "n_points": f.n_points, "alpha": f.alpha, "alpha_lo": f.alpha_lo,
+                         "alpha_hi": f.alpha_hi, "verdict": judge_third(f.alpha_lo, f.alpha_hi, band),
+                         "drift": bool(drift)})
+    return pd.DataFrame(rows, columns=SCAN_COLUMNS)
+
+
+def fit_curve_models(
+    curve: Curve,
+    *,
+    family: str | None = None,
+    schedule=None,
+    n_params: float | None = None,
+    t_min_step: float = DEFAULT_T_MIN_STEP,
+    t_max_step: float | None = None,
+    band: tuple[float, float] = BAND,
+    n_boot: int = 1000,
+    seed: int = 0,
+    scan: bool = True,
+) -> CurveResult:
+    """Fit every model of ``curve`` (see the module docstring); ``n_params`` overrides the
+    parameter count of every model (otherwise Pythia's table, else unknown)."""
+    band = check_band(band)
+    if t_max_step is not None and t_max_step < t_min_step:
+        raise CurveError(f"t_max_step {t_max_step:g} is below t_min_step {t_min_step:g}")
+    fits, failed = [], {}
+    for model, part in curve.table.groupby("model", sort=False):
+        model = str(model)
+        steps = part["step"].to_numpy(dtype=np.int64)
+        y = part["value"].to_numpy(dtype=float)
+        tau_col = part["tau"].to_numpy(dtype=float)
+        flags = list(curve.flags)
+        sched = _schedule_for(model, family, schedule)
+        lr_max = float(sched.lr_max) if sched is not None else None
+        if np.isfinite(tau_col).all():
+            axis, t = "tau", tau_col
+        elif sched is not None:
+            axis, t = "tau", np.asarray(sched.tau(steps.astype(float)), dtype=float)
+        else:
+            axis, t = "step", steps.astype(float)
+            flags.append("tau_unknown")
+        keep = t > 0
+        steps, t, y = steps[keep], t[keep], y[keep]
+        win = steps >= t_min_step
+        if t_max_step is not None:
+            win &= steps <= t_max_step
+        try:
+            base = fit_loss_law(t[win], y[win], n_boot=n_boot, seed=seed)
+        except FitError as exc:
+            failed[model] = f"{model}: {exc} ({int(win.sum())} checkpoints from step {t_min_step:g})"
+            continue
+        table = (window_scan(model, t[win], y[win], steps[win], (base.alpha_lo, base.alpha_hi),
+                             n_boot=n_boot, seed=seed, band=band) if scan
+                 else pd.DataFrame(columns=SCAN_COLUMNS))
+        if table["drift"].any():
+            flags.append("window_drift")
+        size = pythia_size(family or model)
+        count = n_params if n_params is not None else (pythia_parameters(size) if size else None)
+        fits.append(CurveFit(
+            model=model, time_axis=axis, lr_max=lr_max, n_params=count, steps=steps, t=t, loss=y,
+            in_window=win, fit=base, verdict=judge_third(base.alpha_lo, base.alpha_hi, band),
+            scan=table, flags=flags + [f for f in base.flags if f not in flags],
+        ))
+    if not fits:
+        raise CurveError("no model could be fitted: " + "; ".join(failed.values()))
+    return CurveResult(curve=curve, fits=fits, failed=failed, band=band, t_min_step=t_min_step,
+                       t_max_step=t_max_step)
+
+
+def fits_table(result: CurveResult) -> pd.DataFrame:
+    """One row per fitted model: exponent, 90% interval, verdict, L0, window, flags."""
+    rows = []
+    for f in result.fits:
+        lf = f.fit
+        rows.append({
+            "model": f.model, "n_params": f.n_params, "metric": result.curve.metric,
+            "task": result.curve.task or "", "time_axis": f.time_axis, "lr_max": f.lr_max,
+            "t_min_step": int(f.steps[f.in_window][0]), "t_max_step": int(f.steps[f.in_window][-1]),
+            "n_points": lf.n_points, "alpha": lf.alpha, "alpha_lo": lf.alpha_lo,
+            "alpha_hi": lf.alpha_hi, "verdict": f.verdict, "L0": lf.L0, "L0_lo": lf.L0_lo,
+            "L0_hi": lf.L0_hi, "c": lf.c, "r2": lf.r2, "monotone": lf.monotone,
+            "final_loss": float(f.loss[f.in_window][-1]), "flags": ";".join(f.flags),
+        })
+    return pd.DataFrame(rows)
+
+
+def format_curve_result(result: CurveResult) -> str:
+    """Terminal text: one line per model, then failures."""
+    c = result.curve
+    what = f"{c.metric}" + (f" of task {c.task}" if c.task else "")
+    lines = [f"{c.source}: {what}" + (" (perplexity -> loss by log)" if c.kind == "perplexity" else "")]
+    for f in result.fits:
+        lf = f.fit
+        drift = " window_drift" if "window_drift" in f.flags else ""
+        shape = "" if lf.monotone else " non-monotone"
+        lines.append(
+            f"  {f.model:<22} alpha = {lf.alpha:.3f} [{lf.alpha_lo:.3f}, {lf.alpha_hi:.3f}]  "
+            f"{f.verdict:<12} L0 = {lf.L0:.3g}  {lf.n_points} pts ({f.time_axis}){shape}{drift}"
+        )
+    for msg in result.failed.values():
+        lines.append(f"  not fitted: {msg}")
+    return "\n".join(lines)
