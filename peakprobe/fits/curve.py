@@ -11,8 +11,8 @@ For each model of a :class:`~peakprobe.fits.curve_io.Curve`:
   loss on a monotone curve, tighter on one that rises again; flag ``non_monotone`` /
   ``late_rise`` when it does), judged against 1/3 by :func:`~peakprobe.fits.third.judge_third`.
 * window scan: the same fit with the window start moved later through up to SCAN_STARTS
-  checkpoints (at least SCAN_MIN_POINTS left in each window); a start whose alpha falls outside
-  the full window's 90% interval is a drift (flag ``window_drift``).
+  checkpoints (at least SCAN_MIN_POINTS left in each window); a start whose 90% interval does
+  not overlap the full window's is a drift (flag ``window_drift``).
 
 A model whose fit fails (too few points in the window) is listed in ``failed`` with its one-line
 reason; the others are still fitted. numpy / pandas only.
@@ -36,7 +36,7 @@ from .third import check_band, judge_third
 
 DEFAULT_T_MIN_STEP = 512
 SCAN_STARTS = 8
-SCAN_MIN_POINTS = 8
+SCAN_MIN_POINTS = 10
 PYTHIA_VOCAB = 50304  # padded vocabulary of every Pythia size (untied in/out embeddings)
 SCAN_COLUMNS = ["model", "t_min_step", "t_min", "n_points", "alpha", "alpha_lo", "alpha_hi",
                 "verdict", "drift"]
@@ -106,7 +106,8 @@ def window_scan(model: str, t: np.ndarray, y: np.ndarray, steps: np.ndarray,
                 interval: tuple[float, float], *, n_boot: int = 1000, seed: int = 0,
                 band: tuple[float, float] = BAND) -> pd.DataFrame:
     """The loss law refitted from later and later window starts (t, y, steps: the window,
-    sorted by time); ``drift`` marks an alpha outside ``interval`` (the full window's)."""
+    sorted by time); ``drift`` marks a start whose 90% interval does not overlap ``interval``
+    (the full window's): alpha moved by more than both intervals allow."""
     last = len(t) - SCAN_MIN_POINTS
     rows = []
     if last >= 0:
@@ -116,7 +117,7 @@ def window_scan(model: str, t: np.ndarray, y: np.ndarray, steps: np.ndarray,
                 f = fit_loss_law(t[i:], y[i:], n_boot=n_boot, seed=seed)
             except FitError:
                 continue
-            drift = not (interval[0] <= f.alpha <= interval[1])
+            drift = f.alpha_lo > interval[1] or f.alpha_hi < interval[0]
             rows.append({"model": model, "t_min_step": int(steps[i]), "t_min": float(t[i]),
                          "n_points": f.n_points, "alpha": f.alpha, "alpha_lo": f.alpha_lo,
                          "alpha_hi": f.alpha_hi, "verdict": judge_third(f.alpha_lo, f.alpha_hi, band),

@@ -167,7 +167,8 @@ def _read_table(path: Path, metric: str | None) -> tuple[pd.DataFrame, str]:
 
 
 def _pick(names: list[str], where: object) -> str:
-    """The one loss-like (else perplexity-like) name among ``names``."""
+    """The one loss-like (else perplexity-like) name among ``names``; a lone name otherwise
+    (refused later unless allowed)."""
     for kind in ("loss", "perplexity"):
         hits = [n for n in names if metric_kind(n) == kind]
         if len(hits) == 1:
@@ -175,6 +176,8 @@ def _pick(names: list[str], where: object) -> str:
         if len(hits) > 1:
             raise CurveError(f"{where}: several {kind} metrics ({', '.join(hits)}); choose one "
                              "with metric / --metric")
+    if len(names) == 1:
+        return names[0]
     raise CurveError(f"{where}: no loss or perplexity metric among {', '.join(map(str, names))}; "
                      "name one with metric / --metric (and allow_metric for other metrics)")
 
