@@ -3,7 +3,7 @@ lm-evaluation-harness result files, into one tidy table ``model, step, value``.
 
 Tables: one row per (model, step) with a ``step`` (or ``revision``: ``step1000``,
 ``checkpoint-1000``, ``...-step1000``) column, an optional ``model`` column (default: the
-file's stem), an optional ``tau`` column, and the metric in a column of its own (``loss``,
+file's stem), optional ``tau`` and ``n_params`` (parameter count) columns, and the metric in a column of its own (``loss``,
 ``perplexity``, ``ppl``, ... or the one named by ``metric``). A long table with ``metric`` and
 ``value`` columns works too. Lines starting with ``#`` in a CSV are comments.
 
@@ -37,7 +37,7 @@ from .common import FitError
 LOSS_NAMES = ("loss", "nll", "cross_entropy", "eval_loss", "val_loss", "train_loss",
               "validation_loss", "bits_per_byte", "bpb", "bits_per_token")
 PPL_NAMES = ("perplexity", "ppl", "word_perplexity", "token_perplexity", "byte_perplexity")
-ID_COLUMNS = ("model", "step", "revision", "tau", "tokens")
+ID_COLUMNS = ("model", "step", "revision", "tau", "tokens", "n_params")
 _STEP_RE = re.compile(r"(?:^|[-_/])(?:step|checkpoint-|global_step)(\d+)(?:$|[-_.])", re.I)
 
 
@@ -47,8 +47,8 @@ class CurveError(FitError):
 
 @dataclass
 class Curve:
-    """External curves, one row per (model, step): columns model, step, value, tau (NaN
-    when not given); ``metric`` the source metric's name, ``kind`` loss / perplexity / other."""
+    """External curves, one row per (model, step): columns model, step, value, tau and
+    n_params (NaN when not given); ``metric`` the source metric's name, ``kind`` loss / perplexity / other."""
 
     table: pd.DataFrame
     metric: str
@@ -162,7 +162,8 @@ def _read_table(path: Path, metric: str | None) -> tuple[pd.DataFrame, str]:
         raise CurveError(f"{path}: needs a 'step' or 'revision' column; columns are "
                          f"{', '.join(df.columns)}")
     out["value"] = pd.to_numeric(df[metric], errors="coerce").to_numpy()
-    out["tau"] = pd.to_numeric(df["tau"], errors="coerce").to_numpy() if "tau" in df else np.nan
+    for col in ("tau", "n_params"):
+        out[col] = pd.to_numeric(df[col], errors="coerce").to_numpy() if col in df else np.nan
     return out, metric
 
 
@@ -245,7 +246,8 @@ def _read_lm_eval(folder: Path, metric: str | None, task: str | None
                              "name has no step<N>")
         name = margs.get("pretrained") or d.get("model_name") or f.parent.name
         rows.append({"model": _model_name(str(name)), "step": step,
-                     "value": float(value) if value is not None else math.nan, "tau": math.nan})
+                     "value": float(value) if value is not None else math.nan, "tau": math.nan,
+                     "n_params": math.nan})
     return pd.DataFrame(rows), metric.split(",")[0], task
 
 
@@ -273,4 +275,4 @@ def _tidy(raw: pd.DataFrame, path: Path) -> tuple[pd.DataFrame, list[str]]:
         df = df.drop_duplicates(["model", "step"])
         flags.append("duplicate_rows")
     df = df.sort_values(["model", "step"], kind="stable").reset_index(drop=True)
-    return df[["model", "step", "value", "tau"]], flags
+    return df[["model", "step", "value", "tau", "n_params"]], flags

@@ -196,8 +196,7 @@ def member_from_curve(fit: CurveFit, source: str) -> Member:
     scan = fit.scan.rename(columns={"model": "member"}) if len(fit.scan) else None
     return Member(
         name=fit.model, source=source, kind="curve", n_params=fit.n_params,
-        n_params_from="pythia table" if fit.n_params and pythia_size(fit.model) else
-        ("given" if fit.n_params else ""),
+        n_params_from=fit.n_params_from,
         time_axis=fit.time_axis, lr_max=fit.lr_max, steps=fit.steps, t=fit.t, loss=fit.loss,
         in_window=fit.in_window, alpha=lf.alpha, alpha_lo=lf.alpha_lo, alpha_hi=lf.alpha_hi,
         L0=lf.L0, c=lf.c, n_points=lf.n_points, verdict=fit.verdict, flags=list(fit.flags),
@@ -247,6 +246,17 @@ def members_table(members: list[Member]) -> pd.DataFrame:
 def _fmt(x, digits: int = 3) -> str:
     v = _nan(x)
     return "—" if math.isnan(v) else f"{v:.{digits}g}"
+
+
+def _params(x) -> str:
+    """A parameter count as 70.4M / 1.41B; an em dash when unknown."""
+    v = _nan(x)
+    if math.isnan(v):
+        return "—"
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if v >= scale:
+            return f"{v / scale:.3g}{unit}"
+    return f"{v:.0f}"
 
 
 def _json_safe(obj):
@@ -322,6 +332,7 @@ def compare_report(members: list[Member], out_dir: str | os.PathLike, *,
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined)
     env.filters["num"] = _fmt
+    env.filters["params"] = _params
     page = env.get_template("compare.html").render(
         title=title or f"peakprobe comparison: {len(members)} members",
         members=members, table=table.to_dict(orient="records"), band=band, x_label=x_label,
