@@ -8,12 +8,18 @@ For each model of a :class:`~peakprobe.fits.curve_io.Curve`:
 * window: steps in [t_min_step, t_max_step] with t > 0; by default from step 512 (the 1/3-law
   authors' Pythia window; they start 70M at 256).
 * fit: :func:`~peakprobe.fits.loss.fit_loss_law` (L0 in [0, min L over the window]: the final
-  loss on a monotone curve, tighter on one that rises again; flag ``non_monotone`` /
-  ``late_rise`` when it does), judged against 1/3 by :func:`~peakprobe.fits.third.judge_third`.
+  loss on a monotone curve, tighter on one that rises again; its flags ``non_monotone`` /
+  ``late_rise``), judged against 1/3 by :func:`~peakprobe.fits.third.judge_third`. A curve
+  that ends above its window minimum by more than RISE_NOISE_UNITS residual standard
+  deviations around the fitted law is flagged ``ends_above_min`` (``min_step``, ``rise``).
 * window scan: the same fit with the window start moved later through up to SCAN_STARTS
   checkpoints (each window keeps at least SCAN_MIN_POINTS checkpoints and 1.5 decades of t:
   over shorter ranges L0 and alpha trade off and the intervals under-cover); a start whose 90%
   interval does not overlap the full window's is a drift (flag ``window_drift``).
+
+Beside it, ``authors_fit`` repeats the 1/3-law authors' own procedure literally: scipy's
+``curve_fit`` of log L = log(c t^-alpha + L0) with L0 in [0, final loss], alpha +- one standard
+error from the covariance (no bootstrap, no Huber loss).
 
 A model whose fit fails (too few points in the window) is listed in ``failed`` with its one-line
 reason; the others are still fitted. numpy / pandas only.
@@ -21,10 +27,13 @@ reason; the others are still fitted. numpy / pandas only.
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import OptimizeWarning, curve_fit
 
 from peakprobe.checkpoints_index import PYTHIA_SHAPES, UnknownFamilyError, pythia_schedule
 from peakprobe.checkpoints_index.families import match_pythia
@@ -32,12 +41,13 @@ from peakprobe.checkpoints_index.families import match_pythia
 from ..vocab import BAND
 from .common import FitError
 from .curve_io import Curve, CurveError
-from .loss import LossFit, fit_loss_law
+from .loss import ALPHA_MAX, LossFit, fit_loss_law
 from .third import check_band, judge_third
 
 DEFAULT_T_MIN_STEP = 512
 SCAN_STARTS = 8
 SCAN_MIN_POINTS = 10
+RISE_NOISE_UNITS = 3.0
 SCAN_MIN_SPAN = 30.0  # the last t over the first in each scanned window (1.5 decades)
 PYTHIA_VOCAB = 50304  # padded vocabulary of every Pythia size (untied in/out embeddings)
 SCAN_COLUMNS = ["model", "t_min_step", "t_min", "n_points", "alpha", "alpha_lo", "alpha_hi",
@@ -61,6 +71,9 @@ class CurveFit:
     verdict: str
     scan: pd.DataFrame  # SCAN_COLUMNS
     flags: list[str] = field(default_factory=list)
+    authors: tuple[float, float, float] = (np.nan, np.nan, np.nan)  # alpha, its s.e., L0
+    min_step: int = -1  # the window's lowest loss is at this step
+    rise: float = 0.0  # log(final loss / lowest loss) over the window
 
 
 @dataclass
@@ -103,6 +116,38 @@ def _schedule_for(model: str, family: str | None, schedule):
                              "any other schedule as --schedule schedule.json")
         return None
     return pythia_schedule(size)
+
+
+def ends_above_min(t: np.ndarray, y: np.ndarray, fit: LossFit) -> tuple[int, float, bool]:
+    """(index of the window's lowest loss, log(final / lowest), flagged): flagged when that
+    rise exceeds RISE_NOISE_UNITS robust standard deviations (1.4826 MAD) of the log residuals
+    around the fitted law. (Measured against the law rather than from second differences,
+    which a steep early drop inflates.)"""
+    resid = np.log(y) - np.log(fit.L0 + fit.c * t**-fit.alpha)
+    scale = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+    i = int(np.argmin(y))
+    rise = float(np.log(y[-1] / y[i]))
+    return i, rise, bool(i < len(y) - 1 and rise > RISE_NOISE_UNITS * max(scale, 1e-12))
+
+
+def authors_fit(t: np.ndarray, y: np.ndarray, start: tuple[float, float, float]
+                ) -> tuple[float, float, float]:
+    """(alpha, standard error, L0) of ``curve_fit`` on log L = log(c t^-alpha + L0), L0 in
+    [0, y[-1]] (the final loss), started from ``start`` = (c, alpha, L0); NaNs if it fails."""
+    def model(tt, log_c, alpha, l0):
+        return np.log(np.exp(log_c) * tt**-alpha + l0)
+
+    final = float(y[-1])
+    p0 = (math.log(max(start[0], 1e-300)), start[1], min(max(start[2], 0.0), final * (1 - 1e-9)))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OptimizeWarning)
+            popt, pcov = curve_fit(model, t, np.log(y), p0=p0, maxfev=20000,
+                                   bounds=([-np.inf, 0.0, 0.0], [np.inf, ALPHA_MAX, final]))
+    except (RuntimeError, ValueError):
+        return (math.nan, math.nan, math.nan)
+    se = float(np.sqrt(pcov[1, 1])) if np.isfinite(pcov[1, 1]) else math.nan
+    return (float(popt[1]), se, float(popt[2]))
 
 
 def window_scan(model: str, t: np.ndarray, y: np.ndarray, steps: np.ndarray,
@@ -192,8 +237,12 @@ def fit_curve_models(
             count, count_from = float(pythia_parameters(size)), "pythia table"
         else:
             count, count_from = None, ""
+        authors = authors_fit(t[win], y[win], (base.c, base.alpha, base.L0))
+        i_min, rise, risen = ends_above_min(t[win], y[win], base)
+        if risen:
+            flags.append("ends_above_min")
         fits.append(CurveFit(
-            model=model, time_axis=axis, lr_max=lr_max, n_params=count, n_params_from=count_from,
+            authors=authors, min_step=int(steps[win][i_min]), rise=rise, model=model, time_axis=axis, lr_max=lr_max, n_params=count, n_params_from=count_from,
             steps=steps, t=t, loss=y,
             in_window=win, fit=base, verdict=judge_third(base.alpha_lo, base.alpha_hi, band),
             scan=table, flags=flags + [f for f in base.flags if f not in flags],
@@ -216,7 +265,9 @@ def fits_table(result: CurveResult) -> pd.DataFrame:
             "n_points": lf.n_points, "alpha": lf.alpha, "alpha_lo": lf.alpha_lo,
             "alpha_hi": lf.alpha_hi, "verdict": f.verdict, "L0": lf.L0, "L0_lo": lf.L0_lo,
             "L0_hi": lf.L0_hi, "c": lf.c, "r2": lf.r2, "monotone": lf.monotone,
-            "final_loss": float(f.loss[f.in_window][-1]), "flags": ";".join(f.flags),
+            "final_loss": float(f.loss[f.in_window][-1]), "authors_alpha": f.authors[0],
+            "authors_alpha_se": f.authors[1], "authors_L0": f.authors[2],
+            "min_step": f.min_step, "rise": f.rise, "flags": ";".join(f.flags),
         })
     return pd.DataFrame(rows)
 
@@ -232,7 +283,8 @@ def format_curve_result(result: CurveResult) -> str:
         shape = "" if lf.monotone else " non-monotone"
         lines.append(
             f"  {f.model:<22} alpha = {lf.alpha:.3f} [{lf.alpha_lo:.3f}, {lf.alpha_hi:.3f}]  "
-            f"{f.verdict:<12} L0 = {lf.L0:.3g}  {lf.n_points} pts ({f.time_axis}){shape}{drift}"
+            f"{f.verdict:<12} L0 = {lf.L0:.3g}  {lf.n_points} pts ({f.time_axis})  "
+            f"curve_fit {f.authors[0]:.3f} ± {f.authors[1]:.3f}{shape}{drift}"
         )
     for msg in result.failed.values():
         lines.append(f"  not fitted: {msg}")
