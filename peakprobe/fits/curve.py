@@ -280,7 +280,8 @@ def format_curve_result(result: CurveResult) -> str:
     for f in result.fits:
         lf = f.fit
         drift = " window_drift" if "window_drift" in f.flags else ""
-        shape = "" if lf.monotone else " non-monotone"
+        shape = ("" if lf.monotone else " non-monotone") + (
+            f" ends_above_min(step {f.min_step})" if "ends_above_min" in f.flags else "")
         lines.append(
             f"  {f.model:<22} alpha = {lf.alpha:.3f} [{lf.alpha_lo:.3f}, {lf.alpha_hi:.3f}]  "
             f"{f.verdict:<12} L0 = {lf.L0:.3g}  {lf.n_points} pts ({f.time_axis})  "
