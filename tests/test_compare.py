@@ -181,3 +181,17 @@ def test_compare_page_hostile_name_is_text(page):
     names = [e.text for e in driver.find_elements("css selector", "#members-table td.member-name")]
     assert EVIL in names
     assert driver.execute_script("return document.scripts.length") == 0
+
+
+def test_two_seeds_of_one_model_are_told_apart(tmp_path):
+    runs = []
+    for seed in (0, 1):
+        run = make_synthetic_run(tmp_path / f"seed{seed}", 1, 3, steps=STEPS, seed=seed,
+                                 model="pythia-70m").run_dir
+        fit_run(run, n_boot=N_BOOT)
+        runs.append(run)
+    paths = api.compare(runs, tmp_path / "cmp", n_boot=N_BOOT, scan=False)
+    table = pd.read_csv(paths.members_csv)
+    assert list(table["member"]) == ["pythia-70m (seed0)", "pythia-70m (seed1)"]
+    assert (table["n_params_from"] == "pythia table").all() and (table["n_params"] == 70_426_624).all()
+    assert json.loads(paths.members_json.read_text())["x_axis"] == "tau·lr_max"  # Pythia lr_max
