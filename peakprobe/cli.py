@@ -98,7 +98,7 @@ EXAMPLES["fit-curve"] = ("peakprobe fit-curve tests/data/pythia_lambada.csv --ou
                          "  peakprobe fit-curve lm-eval-out/ --task lambada_openai --family pythia-160m")
 
 
-def _band(text: str) -> tuple[float, float]:
+def _compare_band(text: str) -> tuple[float, float]:
     lo, sep, hi = text.partition(",")
     try:
         return float(lo), float(hi)
@@ -118,7 +118,7 @@ def _add_curve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--t-min-step", type=float, default=512, help="first step of the fit window (default 512)")
     g.add_argument("--t-max-step", type=float, help="last step of the fit window (default: the last)")
     g = p.add_argument_group("fitting")
-    g.add_argument("--band", type=_band, default=None, metavar="LO,HI",
+    g.add_argument("--band", type=_compare_band, default=None, metavar="LO,HI",
                    help="equivalence band around 1/3 (default 0.25,0.42)")
     g.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     g.add_argument("--seed", type=int, default=0)
