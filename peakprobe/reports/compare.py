@@ -221,6 +221,21 @@ def shared_axis(members: list[Member]) -> str:
     return "step"
 
 
+KIND_KEYS = ("share", "share_lo", "share_hi", "alpha_gain", "alpha_gain_lo", "alpha_gain_hi",
+             "gain_verdict")
+
+
+def _kind_columns(b: dict) -> dict:
+    """fits.json format 2: per softmax kind, its share of L - L0 and its gain's decay exponent
+    (columns attn_* and lm_*; None where the run's fits.json has no such key)."""
+    kinds = b.get("kinds") if isinstance(b.get("kinds"), dict) else {}
+    out = {}
+    for kind, prefix in (("attention", "attn"), ("lm_head", "lm")):
+        block = kinds.get(kind) if isinstance(kinds.get(kind), dict) else {}
+        out.update({f"{prefix}_{k}": block.get(k) for k in KIND_KEYS})
+    return out
+
+
 def members_table(members: list[Member]) -> pd.DataFrame:
     rows = []
     for m in members:
@@ -238,7 +253,8 @@ def members_table(members: list[Member]) -> pd.DataFrame:
             "bottleneck": b.get("verdict", ""), "bottleneck_reason": b.get("reason", ""),
             "n_concentrating": b.get("n_concentrating"), "n_saturated": b.get("n_saturated"),
             "n_diffuse": b.get("n_diffuse"), "lm_head_alpha": b.get("lm_head_alpha"),
-            "attn_alpha_median": b.get("attn_alpha_median"), "flags": ";".join(m.flags),
+            "attn_alpha_median": b.get("attn_alpha_median"), "n_peaked": b.get("n_peaked"),
+            **_kind_columns(b), "flags": ";".join(m.flags),
         })
     return pd.DataFrame(rows)
 
@@ -335,15 +351,23 @@ def compare_report(members: list[Member], out_dir: str | os.PathLike, *,
     env.filters["params"] = _params
     page = env.get_template("compare.html").render(
         title=title or f"peakprobe comparison: {len(members)} members",
-        members=members, table=table.to_dict(orient="records"), band=band, x_label=x_label,
+        members=members, table=_records(table), band=band, x_label=x_label,
         figures=[figs[n] for n in FIGURES if n in figs], data_uri=_data_uri,
         growth_summary=_growth_summary(growth), scan=scan.to_dict(orient="records"),
+        has_gains=bool(table[["attn_share", "lm_share"]].notna().to_numpy().any()),
+        has_v1=bool(table[["lm_head_alpha", "attn_alpha_median"]].notna().to_numpy().any()),
         failed=failed or {}, command=command or "not recorded",
         generated_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
     )
     results.write_bytes(out / "compare.html", page.encode())
     return ComparePaths(out, out / "compare.html", out / "members.csv", out / "members.json",
                         out / "growth.csv", out / "scan.csv", tuple(fig_paths))
+
+
+def _records(table: pd.DataFrame) -> list[dict]:
+    """Rows for the template, with NaN as None (so ``or`` and ``is none`` work in jinja)."""
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in table.to_dict(orient="records")]
 
 
 def _data_uri(svg: bytes) -> str:
