@@ -228,3 +228,19 @@ def test_published_pythia_lambada_curves():
     assert not got["pythia-70m"].fit.monotone and got["pythia-70m"].min_step == 53000
     assert "ends_above_min" in got["pythia-160m"].flags and got["pythia-160m"].min_step == 63000
     assert "ends_above_min" not in got["pythia-12b"].flags
+
+
+def test_schedule_file_gives_tau_and_lr_max(tmp_path):
+    sched = {"kind": "warmup_cosine", "lr_max": 3e-4, "warmup_steps": 100, "total_steps": 150000}
+    (tmp_path / "schedule.json").write_text(json.dumps(sched))
+    path = _write(tmp_path / "mine.csv", "step,loss\n" + "".join(
+        f"{s},{float(v)!r}\n" for s, v in zip(STEPS, _law(STEPS), strict=True)))
+    res = api.fit_curve(path, out=tmp_path / "rep", schedule=tmp_path / "schedule.json",
+                        n_boot=0, scan=False)
+    f = res.result.fits[0]
+    assert f.model == "mine" and f.time_axis == "tau" and f.lr_max == 3e-4 and f.n_params is None
+    from peakprobe.checkpoints_index import schedule_from_json
+
+    np.testing.assert_allclose(f.t, schedule_from_json(sched).tau(f.steps.astype(float)))
+    assert cli.main(["-q", "fit-curve", str(path), "--schedule", str(tmp_path / "none.json"),
+                     "--out", str(tmp_path / "o")]) == 2
