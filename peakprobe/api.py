@@ -218,3 +218,92 @@ def demo(out: str | os.PathLike = "peakprobe-demo", *, quick: bool = False, prog
         config=sweep_cfg, force=False, progress=progress, command=command,
         fit_kwargs={"progress": progress},
     )
+
+
+# -- compare and fit_curve: families of runs, external loss curves -------------------------------
+@dataclass
+class FitCurveResult:
+    """What ``fit_curve`` produced: the fits of every model, their table, the report's paths."""
+
+    result: Any  # peakprobe.fits.curve.CurveResult
+    table: Any  # pandas DataFrame, one row per fitted model (also written as fits.csv)
+    report: Any  # peakprobe.reports.compare.ComparePaths
+
+
+def _load_schedule(schedule):
+    if schedule is None or not isinstance(schedule, (str, os.PathLike)):
+        return schedule
+    import json
+
+    from .checkpoints_index import schedule_from_json
+
+    path = Path(schedule)
+    if not path.is_file():
+        raise FileNotFoundError(f"schedule file {path} does not exist")
+    try:
+        obj = json.loads(path.read_text())
+    except ValueError:
+        raise ValueError(f"{path}: not valid JSON") from None
+    return schedule_from_json(obj)
+
+
+def _fit_external(path, *, metric=None, task=None, model=None, allow_metric=False, family=None,
+                  schedule=None, n_params=None, t_min_step=512, t_max_step=None, band=None,
+                  n_boot=1000, seed=0, scan=True):
+    from .fits.curve import fit_curve_models
+    from .fits.curve_io import read_curve
+    from .vocab import BAND
+
+    curve = read_curve(path, metric=metric, task=task, model=model, allow_metric=allow_metric)
+    return fit_curve_models(curve, family=family, schedule=_load_schedule(schedule),
+                            n_params=n_params, t_min_step=t_min_step, t_max_step=t_max_step,
+                            band=band or BAND, n_boot=n_boot, seed=seed, scan=scan)
+
+
+def fit_curve(path: str | os.PathLike, *, out: str | os.PathLike | None = None,
+              command: str | None = None, **kwargs) -> FitCurveResult:
+    """The loss-law fit, 1/3 verdict and window scan of an external curve, and its report.
+
+    ``path``: a CSV / JSON / JSONL table or a folder of lm-eval result JSONs. Keyword options:
+    ``metric, task, model, allow_metric, family, schedule`` (a schedule.json path or object),
+    ``n_params, t_min_step`` (default 512), ``t_max_step, band, n_boot, seed, scan``.
+    ``out`` (default ``<stem>-curve``) receives the comparison report of every model in the
+    file plus ``fits.csv``.
+    """
+    from .fits.curve import fits_table
+    from .reports.compare import compare_report, members_from_curves
+    from .results import write_bytes
+
+    result = _fit_external(path, **kwargs)
+    out = Path(out) if out is not None else Path(f"{Path(path).stem}-curve")
+    table = fits_table(result)
+    paths = compare_report(members_from_curves(result), out, band=result.band, command=command,
+                           failed=result.failed, title=f"peakprobe fit-curve: {Path(path).name}")
+    write_bytes(out / "fits.csv", table.to_csv(index=False, lineterminator="\n").encode())
+    return FitCurveResult(result, table, paths)
+
+
+def compare(sources, out: str | os.PathLike, *, band: tuple[float, float] | None = None,
+            n_boot: int = 1000, seed: int = 0, scan: bool = True, command: str | None = None,
+            curve_kwargs: dict | None = None):
+    """One comparison report over ``sources``: fitted run directories (with manifest.json) and
+    external curve files or lm-eval folders (fitted here with ``curve_kwargs``; every model of
+    a file is a member). Returns :class:`peakprobe.reports.compare.ComparePaths`."""
+    from .reports.compare import compare_report, member_from_run, members_from_curves
+    from .results import MANIFEST
+    from .vocab import BAND
+
+    band = band or BAND
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    members, failed = [], {}
+    for src in sources:
+        src = Path(src)
+        if (src / MANIFEST).exists():
+            members.append(member_from_run(src, band=band, n_boot=n_boot, seed=seed, scan=scan))
+        else:
+            res = _fit_external(src, band=band, n_boot=n_boot, seed=seed, scan=scan,
+                                **(curve_kwargs or {}))
+            members += members_from_curves(res)
+            failed.update(res.failed)
+    return compare_report(members, out, band=band, command=command, failed=failed)

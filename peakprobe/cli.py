@@ -102,6 +102,84 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
 
 
+# -- compare and fit-curve: families of runs, external loss curves ------------------------------
+EXAMPLES["compare"] = ("peakprobe compare runs/p70m runs/p160m runs/p410m --out cmp\n"
+                       "  peakprobe compare evals.csv --out cmp --family pythia-160m")
+EXAMPLES["fit-curve"] = ("peakprobe fit-curve tests/data/pythia_lambada.csv --out lambada\n"
+                         "  peakprobe fit-curve lm-eval-out/ --task lambada_openai --family pythia-160m")
+
+
+def _compare_band(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(",")
+    try:
+        return float(lo), float(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI (e.g. 0.25,0.42), got {text!r}") from None
+
+
+def _add_curve_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("external curves (CSV / JSON / JSONL / lm-eval folders)")
+    g.add_argument("--metric", help="metric column or lm-eval metric (default: the one loss or perplexity)")
+    g.add_argument("--task", help="lm-eval task (default: the one task with a perplexity)")
+    g.add_argument("--allow-metric", action="store_true",
+                   help="fit a metric that is not a loss or perplexity as given (e.g. 1 - acc)")
+    g.add_argument("--family", help="Pythia size for tau and parameters, e.g. pythia-160m "
+                   "(default: from each model's name)")
+    g.add_argument("--schedule", help="schedule.json giving the learning-rate schedule (tau)")
+    g.add_argument("--t-min-step", type=float, default=512, help="first step of the fit window (default 512)")
+    g.add_argument("--t-max-step", type=float, help="last step of the fit window (default: the last)")
+    g = p.add_argument_group("fitting")
+    g.add_argument("--band", type=_compare_band, default=None, metavar="LO,HI",
+                   help="equivalence band around 1/3 (default 0.25,0.42)")
+    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-scan", action="store_true", help="skip the window scan")
+
+
+def _add_compare_commands(sub) -> None:
+    p = _parser_with_examples(sub, "compare", "one HTML report over several fitted runs or curves")
+    p.add_argument("sources", nargs="+", metavar="RUN",
+                   help="fitted run directories, or curve files / lm-eval folders")
+    p.add_argument("--out", required=True, help="output folder")
+    _add_curve_options(p)
+    p = _parser_with_examples(sub, "fit-curve", "loss-law fit, 1/3 verdict and report of an external curve")
+    p.add_argument("file", help="CSV, JSON or JSONL table, or a folder of lm-eval result JSONs")
+    p.add_argument("--out", help="report folder (default: <file stem>-curve)")
+    p.add_argument("--model", help="model name for a single-model file")
+    p.add_argument("--n-params", type=float, help="parameter count (default: Pythia's table, if known)")
+    _add_curve_options(p)
+
+
+def _curve_kwargs(args) -> dict:
+    from .vocab import BAND
+
+    return dict(metric=args.metric, task=args.task, allow_metric=args.allow_metric,
+                family=args.family, schedule=args.schedule, t_min_step=args.t_min_step,
+                t_max_step=args.t_max_step, band=args.band or BAND, n_boot=args.n_boot,
+                seed=args.seed, scan=not args.no_scan)
+
+
+def _dispatch_compare(args, command: str) -> int | None:
+    from . import api
+
+    if args.command == "compare":
+        kw = _curve_kwargs(args)
+        band, n_boot, seed, scan = (kw.pop(k) for k in ("band", "n_boot", "seed", "scan"))
+        paths = api.compare(args.sources, args.out, band=band, n_boot=n_boot, seed=seed,
+                            scan=scan, command=command, curve_kwargs=kw)
+        _say(args, f"compare report: {paths.html}")
+        return 0
+    if args.command == "fit-curve":
+        from .fits.curve import format_curve_result
+
+        res = api.fit_curve(args.file, out=args.out, model=args.model, n_params=args.n_params,
+                            command=command, **_curve_kwargs(args))
+        _say(args, format_curve_result(res.result))
+        _say(args, f"report: {res.report.html}")
+        return 0
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="peakprobe",
@@ -158,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="peaked toy: training steps")
     p.add_argument("--quick", action="store_true", help="linear toy: a smaller run")
     p.add_argument("--seed", type=int, default=0)
+    _add_compare_commands(sub)
     return parser
 
 
@@ -262,6 +341,8 @@ def _dispatch(args, command: str) -> int:
             _say(args, linear_attention.format_linear(summary))
         _say(args, f"plots and summary.json: {out}")
         return 0
+    if (status := _dispatch_compare(args, command)) is not None:
+        return status
     raise AssertionError(args.command)
 
 
