@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     verbosity = parser.add_mutually_exclusive_group()
-    verbosity.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summaries")
+    verbosity.add_argument("-q", "--quiet", action="store_true",
+                           help="no progress bars or summaries (warnings and errors still show)")
     verbosity.add_argument("-v", "--verbose", action="store_true", help="show warnings and tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -352,17 +353,17 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 def _route_warnings(args) -> None:
-    """Default: peakprobe's own warnings once each, as one line; other libraries' hidden.
-    -q hides all of them; -v shows every warning with its origin."""
+    """peakprobe's own warnings once each, as one line, also under -q (which silences progress
+    and summaries, not what a user must know); other libraries' warnings hidden unless -v,
+    which shows every warning with its origin."""
     if args.verbose:
         warnings.simplefilter("default")
         return
-    warnings.filterwarnings("ignore")
-    if not args.quiet:
-        from .vocab import PeakprobeWarning
+    from .vocab import PeakprobeWarning
 
-        warnings.filterwarnings("default", category=PeakprobeWarning)
-        warnings.showwarning = _one_line_warning  # restored by catch_warnings in main
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", category=PeakprobeWarning)
+    warnings.showwarning = _one_line_warning  # restored by catch_warnings in main
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
