@@ -13,9 +13,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from peakprobe.reports.tables import THIRD, RunData, sensitivity_ranking, site_label
+from peakprobe.reports import science
+from peakprobe.reports.tables import RunData, sensitivity_ranking
+from peakprobe.vocab import (
+    ATTN,
+    BOTTLENECK_ATTENTION,
+    BOTTLENECK_LM_HEAD,
+    BOTTLENECK_NONE,
+    CONSISTENT,
+    INCONCLUSIVE,
+    INCONSISTENT,
+    LM_HEAD,
+    site_label,
+)
 
-SUMMARY_FORMAT = 1
+SUMMARY_FORMAT = 2
 TOP_SENSITIVE = 10
 
 
@@ -38,27 +50,17 @@ def _clean(x: Any) -> Any:
     return str(x)
 
 
-def loss_relation(
-    alpha: float | None, lo: float | None, hi: float | None, third_in_ci: Any = None
-) -> str:
-    """How the loss exponent sits against 1/3: consistent, faster, slower or undetermined.
-
-    fits.json's ``third_in_ci`` decides when given; otherwise the 90% CI [lo, hi] is compared to 1/3.
-    """
-    if isinstance(third_in_ci, bool) and alpha is not None and math.isfinite(alpha):
-        if third_in_ci:
-            return "consistent"
-        return "faster" if alpha > THIRD else "slower"
-    if alpha is None or lo is None or hi is None or not all(map(math.isfinite, (alpha, lo, hi))):
-        return "undetermined"
-    if lo > THIRD:
-        return "faster"
-    if hi < THIRD:
-        return "slower"
-    return "consistent"
+def verdict_text(verdict: str, band: tuple[float, float]) -> str:
+    """One sentence saying what a three-way verdict means, with the band."""
+    lo, hi = band
+    return {
+        CONSISTENT: f"the interval contains 1/3 and lies inside the band [{lo:g}, {hi:g}]",
+        INCONSISTENT: "1/3 lies outside the interval",
+        INCONCLUSIVE: f"the interval contains 1/3 but is not inside the band [{lo:g}, {hi:g}], or there is none",
+    }.get(verdict, "no finite interval")
 
 
-def _loss_block(run: RunData) -> dict | None:
+def _loss_block(run: RunData, band: tuple[float, float]) -> dict | None:
     f = run.fits
     rows = f[(f["fit"] == "loss")]
     given = run.verdicts.get("loss") or {}
@@ -84,10 +86,11 @@ def _loss_block(run: RunData) -> dict | None:
     block["flags"] = [s for s in str(row["flags"]).split(";") if s] if row is not None else []
     third_in_ci = given.get("third_in_ci")
     block["third_in_ci"] = bool(third_in_ci) if isinstance(third_in_ci, bool) else None
-    block["third_distance_ci"] = _clean(given.get("third_distance_ci"))
-    block["relation"] = loss_relation(
-        block["alpha"], block["alpha_lo"], block["alpha_hi"], third_in_ci
+    block["verdict"] = science.judged(
+        given.get("verdict"), block["alpha_lo"], block["alpha_hi"], band
     )
+    block["verdict_text"] = verdict_text(block["verdict"], band)
+    block["band"] = list(band)
     return block
 
 
@@ -99,23 +102,55 @@ def _site(row: Any) -> dict:
     }
 
 
+BOTTLENECK_TITLES = {
+    BOTTLENECK_ATTENTION: "Attention heads are the bottleneck",
+    BOTTLENECK_LM_HEAD: "The LM head is the bottleneck",
+    BOTTLENECK_NONE: "No softmax bottleneck",
+}
+
+
+def _bottleneck_block(run: RunData, exponents: list[dict], gains: dict) -> dict:
+    given = dict(run.verdicts.get("bottleneck") or {})
+    verdict = given.get("verdict")
+    share = given.get("share", given.get("gain_share"))
+    if share is None and gains["measured"]:  # the named kind's own gain over L - L0
+        kind = {BOTTLENECK_ATTENTION: "attn_all", BOTTLENECK_LM_HEAD: LM_HEAD}.get(verdict or "")
+        share = next((g["share"] for g in gains["sites"] if g["site_kind"] == kind), None)
+    top_sites = [
+        {k: t.get(k) for k in ("site_kind", "layer", "head", "alpha", "sensitivity")}
+        for t in given.get("top_sites") or []
+    ]
+    return {
+        "verdict": verdict,
+        "title": BOTTLENECK_TITLES.get(
+            verdict, f"Bottleneck: {verdict}" if verdict else "Bottleneck undetermined"
+        ),
+        "reason": given.get("reason"),
+        "share": share,
+        "exponents": science.bottleneck_exponents(verdict, exponents),
+        **{
+            k: given.get(k)
+            for k in (
+                "n_concentrating",
+                "n_saturated",
+                "n_diffuse",
+                "lm_head_alpha",
+                "attn_alpha_median",
+            )
+        },
+        "top_sites": top_sites,
+    }
+
+
 def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
     """The summary.json object (documented field by field in docs/summary_schema.md)."""
     m = run.manifest
-    res = run.results
-    steps = res.drop_duplicates("revision")[["revision", "step"]]
-    bottleneck = dict(run.verdicts.get("bottleneck") or {})
-    top_sites = [
-        {
-            "site_kind": s.get("site_kind"),
-            "layer": s.get("layer"),
-            "head": s.get("head"),
-            "alpha": s.get("alpha"),
-            "sensitivity": s.get("sensitivity"),
-        }
-        for s in bottleneck.get("top_sites") or []
-    ]
-    lm = heads[heads["site_kind"] == "lm_head"]
+    steps = run.results.drop_duplicates("revision")[["revision", "step"]]
+    band = science.band_of(run)
+    loss = _loss_block(run, band)
+    exponents = science.exponents_block(run, band, loss)
+    gains = science.gains_block(run, band, loss["L0"] if loss else None)
+    lm = heads[heads["site_kind"] == LM_HEAD]
     lm_block = None
     if not lm.empty:
         r = lm.iloc[0]
@@ -128,6 +163,8 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
                 "r2",
                 "final_logit_std",
                 "final_peaked",
+                "final_peaked_entropy",
+                "final_beta_eff",
                 "final_entropy",
                 "final_max_prob",
                 "final_loss",
@@ -135,7 +172,7 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
             )
         }
         lm_block["site_class"] = str(r["site_class"])
-    attn = heads[heads["site_kind"] == "attn"]
+    attn = heads[heads["site_kind"] == ATTN]
     ranking = sensitivity_ranking(heads)
     data = m.get("data") or {}
     summary = {
@@ -143,6 +180,8 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
         "model": m.get("model"),
         "source": m.get("source"),
         "time_axis": run.time_axis,
+        "band": list(band),
+        "ci_level": science.ci_level_of(run),
         "checkpoints": {
             "n": int(len(steps)),
             "n_planned": len(m.get("checkpoints") or []),
@@ -151,20 +190,16 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
             "first_step": int(steps.iloc[0]["step"]),
             "last_revision": run.last_revision,
             "last_step": run.last_step,
+            **science.integrity_block(run),
         },
         "data": {k: data.get(k) for k in ("spec", "n_windows", "window", "token_hash")},
         "versions": dict(m.get("versions") or {}),
-        "loss": _loss_block(run),
-        "bottleneck": {
-            "verdict": bottleneck.get("verdict"),
-            "reason": bottleneck.get("reason"),
-            "n_concentrating": bottleneck.get("n_concentrating"),
-            "n_saturated": bottleneck.get("n_saturated"),
-            "n_diffuse": bottleneck.get("n_diffuse"),
-            "lm_head_alpha": bottleneck.get("lm_head_alpha"),
-            "attn_alpha_median": bottleneck.get("attn_alpha_median"),
-            "top_sites": top_sites,
-        },
+        "loss": loss,
+        "exponents": exponents,
+        "bottleneck": _bottleneck_block(run, exponents, gains),
+        "peakedness": science.peakedness_block(heads),
+        "gains": gains,
+        "window_scan": science.window_scan_block(run, band),
         "lm_head": lm_block,
         "attention": {
             "n_sites": int(len(attn)),
@@ -218,23 +253,49 @@ def _code(text: Any) -> str:
     return f"{fence}{pad}{body}{pad}{fence}"
 
 
+def _ci(e: dict) -> str:
+    return f"{_n(e['alpha'])} [{_n(e['alpha_lo'])}, {_n(e['alpha_hi'])}]"
+
+
+def _window(e: dict) -> str:
+    pts = f", {e['n_points']} pts" if e.get("n_points") is not None else ""
+    return f"{_n(e['t_min'])}–{_n(e['t_max'])}{pts}"
+
+
+def _label(t: dict) -> str:
+    return site_label(
+        t["site_kind"],
+        t["layer"] if t["layer"] is not None else -1,
+        t["head"] if t["head"] is not None else -1,
+    )
+
+
 def summary_markdown(s: dict) -> str:
     """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
+    band = f"[{_n(s['band'][0])}, {_n(s['band'][1])}]"
     lines = [f"# peakprobe report: {_code(s['model'])}", ""]
+    p = s["peakedness"]
+    if p["any_peaked"] is False:
+        lines += [f"> **No softmax is peaked.** {p['statement']}", ""]
     loss = s["loss"]
     if loss is None:
         lines.append("- **Loss law:** no loss fit in this run.")
     else:
         lines.append(
-            f"- **Loss law:** L = L0 + c·t^-α with α = {_n(loss['alpha'])} "
-            f"[{_n(loss['alpha_lo'])}, {_n(loss['alpha_hi'])}] (90% CI), L0 = {_n(loss['L0'])}; "
-            f"{relation_text(loss['relation'])}."
+            f"- **Loss law:** L = L0 + c·t^-α with α = {_ci(loss)} "
+            f"({s['ci_level']:.0%} CI), L0 = {_n(loss['L0'])}, window {s['time_axis']} "
+            f"{_window(loss)}; **{loss['verdict']}** against 1/3 (band {band}): "
+            f"{loss['verdict_text']}."
         )
     b = s["bottleneck"]
-    lines.append(
-        f"- **Bottleneck:** {_md(b['verdict'] or 'undetermined')}"
-        + (f" — {_md(b['reason'])}" if b["reason"] else "")
-    )
+    line = f"- **Bottleneck:** {_md(b['verdict'] or 'undetermined')}"
+    if b["share"] is not None:
+        line += f" (its gain is {100 * b['share']:.3g}% of L − L0)"
+    if b["reason"]:
+        line += f" — {_md(b['reason'])}"
+    lines.append(line)
+    for e in b["exponents"]:
+        lines.append(f"  - {e['label']} {e['quantity']}: α = {_ci(e)}, {e['verdict']}")
     lines.append(
         f"- **Heads:** {_n(b['n_concentrating'])} concentrating, {_n(b['n_saturated'])} saturated, "
         f"{_n(b['n_diffuse'])} diffuse; median attention α {_n(b['attn_alpha_median'])}; "
@@ -243,13 +304,73 @@ def summary_markdown(s: dict) -> str:
     if s["flags"]:
         lines.append(f"- **Flags:** {_md(', '.join(s['flags']))}")
     lines.append("")
+    if s["exponents"]:
+        lines += [
+            "## Exponents against 1/3",
+            "",
+            f"Band {band}; window in {s['time_axis']}.",
+            "",
+            "| site | quantity | α [CI] | verdict | window |",
+            "|---|---|---|---|---|",
+        ]
+        for e in s["exponents"]:
+            lines.append(
+                f"| {e['label']} | {e['quantity']} | {_ci(e)} | {e['verdict']} | {_window(e)} |"
+            )
+        lines.append("")
+    lines += ["## Loss contribution G per softmax", ""]
+    if not s["gains"]["measured"]:
+        lines += ["Not measured in this run (the sweep ran without gains).", ""]
+    else:
+        lines += ["| site | final G | share of L − L0 | decay α [CI] | verdict |", "|---|---|---|---|---|"]
+        for g in s["gains"]["sites"]:
+            share = f"{100 * g['share']:.3g}%" if g["share"] is not None else "—"
+            lines.append(
+                f"| {g['label']} | {_n(g['final_gain'])} | {share} | {_ci(g)} | {g['verdict'] or '—'} |"
+            )
+        lines.append("")
+    lines += ["## Window scan α(t_min)", ""]
+    if not s["window_scan"]["measured"]:
+        lines += ["Not measured (fits.json has no window scan).", ""]
+    else:
+        lines += ["| quantity | t_min | t_max | α [CI] | verdict |", "|---|---|---|---|---|"]
+        for r in s["window_scan"]["rows"]:
+            lines.append(
+                f"| {_md(r['quantity'])} | {_n(r['t_min'])} | {_n(r['t_max'])} | {_ci(r)} | {r['verdict']} |"
+            )
+        lines.append("")
+    lines += ["## Peakedness", "", _md(p["statement"]), ""]
+    if p["criteria"]:
+        lines += ["| criterion | attention heads peaked | LM head |", "|---|---|---|"]
+        for c in p["criteria"]:
+            heads = f"{c['n_attn_peaked']} of {c['n_attn']}" if c["measured"] else "not measured"
+            lines.append(f"| {c['label']} | {heads} | {_n(c['lm_head'])} |")
+        lines.append("")
+    ck = s["checkpoints"]
+    lines += ["## Checkpoint integrity", ""]
+    if ck["duplicates"]:
+        lines.append(f"Duplicated checkpoints excluded from the fits ({len(ck['duplicates'])}):")
+        for d in ck["duplicates"]:
+            same = f" = {_code(d['same_as'])}" if d["same_as"] else ""
+            lines.append(f"- {_code(d['revision'])}{same}")
+    else:
+        lines.append(
+            "No duplicated checkpoint found."
+            if ck["integrity_checked"]
+            else "Duplicated checkpoints: not checked (no integrity.json)."
+        )
+    if ck["spikes"]:
+        lines.append(f"Spike-flagged checkpoints ({len(ck['spikes'])}):")
+        for d in ck["spikes"]:
+            why = f": {_md(d['reason'])}" if d["reason"] else ""
+            lines.append(f"- {_code(d['revision'])}{why}")
+    else:
+        lines.append("No spike-flagged checkpoint.")
+    lines.append("")
     if b["top_sites"]:
         lines += ["## Top sites", "", "| site | α | sensitivity |", "|---|---|---|"]
         for t in b["top_sites"]:
-            lines.append(
-                f"| {site_label(t['site_kind'], t['layer'] if t['layer'] is not None else -1, t['head'] if t['head'] is not None else -1)} "
-                f"| {_n(t['alpha'])} | {_n(t['sensitivity'])} |"
-            )
+            lines.append(f"| {_label(t)} | {_n(t['alpha'])} | {_n(t['sensitivity'])} |")
         lines.append("")
     sens = s["sensitivity"]
     lines.append("## Sensitivity ranking")
@@ -265,8 +386,7 @@ def summary_markdown(s: dict) -> str:
         ]
         for t in sens["top"]:
             lines.append(
-                f"| {site_label(t['site_kind'], t['layer'], t['head'])} | {_n(t['sensitivity'])} "
-                f"| {_n(t['alpha'])} | {t['site_class'] or '—'} |"
+                f"| {_label(t)} | {_n(t['sensitivity'])} | {_n(t['alpha'])} | {t['site_class'] or '—'} |"
             )
         lines.append("")
     c, d = s["checkpoints"], s["data"]
@@ -282,11 +402,3 @@ def summary_markdown(s: dict) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def relation_text(relation: str) -> str:
-    return {
-        "consistent": "consistent with 1/3 (1/3 lies in the CI)",
-        "faster": "faster than 1/3 (the whole CI is above 1/3)",
-        "slower": "slower than 1/3 (the whole CI is below 1/3)",
-    }.get(relation, "undetermined (no finite CI)")

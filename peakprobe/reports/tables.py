@@ -23,53 +23,39 @@ import pyarrow.parquet as pq
 from peakprobe.results import (
     FITS,
     FITS_JSON,
+    FITS_SCHEMA,
     read_failures,
     read_json,
     read_manifest,
     read_results,
 )
-
-THIRD = 1.0 / 3.0
-
-FITS_COLUMNS = (
-    "fit",
-    "site_kind",
-    "layer",
-    "head",
-    "metric",
-    "time_axis",
-    "t_min",
-    "t_max",
-    "n_points",
-    "alpha",
-    "alpha_lo",
-    "alpha_hi",
-    "c",
-    "L0",
-    "L0_lo",
-    "L0_hi",
-    "r2",
-    "monotone",
-    "flags",
-    "first_value",
-    "final_value",
-    "site_class",
-    "sensitivity",
+from peakprobe.vocab import (
+    ATTN,
+    BETA_EFF,
+    FINAL_METRICS,
+    INTEGRITY,
+    LM_EXTRA,
+    LM_HEAD,
+    PEAKED_ENTROPY,
+    SENSITIVITY,
+    THIRD,
+    XSINK_SUFFIX,
+    site_label,
 )
 
-# Metrics copied from the last checkpoint into the per-site table as ``final_<metric>``.
-FINAL_METRICS = (
-    "entropy",
-    "entropy_norm",
-    "max_prob",
-    "logit_std",
-    "logit_max_minus_mean",
-    "logit_top_gap",
+# Metrics copied from the last checkpoint into the per-site table as ``final_<metric>``: the
+# report's own choice (vocab.FINAL_METRICS), both peakedness criteria with their sink-excluded
+# variants, and the LM head's next-token statistics.
+PEAKEDNESS_METRICS: tuple[str, ...] = (
     "peaked",
-    "first_key_prob",
-    "loss",
-    "target_prob",
-    "target_logit_minus_mean",
+    PEAKED_ENTROPY,
+    BETA_EFF,
+    "peaked" + XSINK_SUFFIX,
+    PEAKED_ENTROPY + XSINK_SUFFIX,
+    BETA_EFF + XSINK_SUFFIX,
+)
+TABLE_METRICS: tuple[str, ...] = tuple(
+    dict.fromkeys((*FINAL_METRICS, *PEAKEDNESS_METRICS, "entropy_norm", *LM_EXTRA))
 )
 
 HEADS_SCHEMA = pa.schema(
@@ -90,7 +76,7 @@ HEADS_SCHEMA = pa.schema(
         ("monotone", pa.bool_()),
         ("flags", pa.string()),
         ("first_logit_std", pa.float64()),
-        *[(f"final_{m}", pa.float64()) for m in FINAL_METRICS],
+        *[(f"final_{m}", pa.float64()) for m in TABLE_METRICS],
         ("sensitivity", pa.float64()),
     ]
 )
@@ -112,6 +98,7 @@ class RunData:
     fits: pd.DataFrame  # fits.parquet
     verdicts: dict  # fits.json
     failures: list[dict]
+    integrity: dict | None  # integrity.json (duplicated checkpoints), None when absent
     time_axis: str  # 'tau' or 'step'
     last_revision: str
     last_step: int
@@ -138,13 +125,6 @@ class Curve:
     L0: float  # NaN for growth curves
 
 
-def site_label(site_kind: str, layer: int, head: int) -> str:
-    """Short display name of a site: ``L3 H5`` or ``LM head``."""
-    if site_kind == "lm_head":
-        return "LM head"
-    return f"L{int(layer)} H{int(head)}"
-
-
 def load_run(run_dir: str | os.PathLike) -> RunData:
     """Read manifest, results, fits.parquet and fits.json of a run, checking what a report needs."""
     run_dir = Path(run_dir)
@@ -157,7 +137,7 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
             f"{run_dir} has no {FITS} / {FITS_JSON}; run `peakprobe fit {run_dir}` before reporting"
         )
     fits = pq.read_table(fits_path).to_pandas()
-    missing = [c for c in FITS_COLUMNS if c not in fits.columns]
+    missing = [c for c in FITS_SCHEMA.names if c not in fits.columns]
     if missing:
         raise ReportError(
             f"{fits_path} lacks columns {', '.join(missing)}; re-run `peakprobe fit {run_dir}`"
@@ -177,16 +157,27 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
         fits=fits,
         verdicts=verdicts,
         failures=read_failures(run_dir),
+        integrity=_integrity(run_dir),
         time_axis=time_axis,
         last_revision=str(last["revision"]),
         last_step=int(last["step"]),
     )
 
 
+def _integrity(run_dir: Path) -> dict | None:
+    path = run_dir / INTEGRITY
+    if not path.exists():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ReportError(f"{path} is not a JSON object; re-run the sweep's integrity check")
+    return data
+
+
 def _final_metrics(run: RunData) -> pd.DataFrame:
     """(site) x metric values at the last checkpoint, one row per site."""
     res = run.results
-    final = res[res["revision"] == run.last_revision]
+    final = res[(res["revision"] == run.last_revision) & res["site_kind"].isin((ATTN, LM_HEAD))]
     wide = final.pivot_table(index=SITE_KEYS, columns="metric", values="value", aggfunc="first")
     return wide
 
@@ -199,7 +190,11 @@ def heads_table(run: RunData) -> pd.DataFrame:
     metric, else from fits.parquet. Sites without a fit keep NaN exponents and ``n_points`` -1.
     """
     fits = run.fits
-    growth = fits[(fits["fit"] == "growth") & (fits["metric"] == "logit_std")]
+    growth = fits[
+        (fits["fit"] == "growth")
+        & (fits["metric"] == "logit_std")
+        & fits["site_kind"].isin((ATTN, LM_HEAD))
+    ]
     growth = growth.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
     final = _final_metrics(run)
     index = final.index.union(growth.index).sort_values()
@@ -212,14 +207,14 @@ def heads_table(run: RunData) -> pd.DataFrame:
     out["monotone"] = growth["monotone"].reindex(index).fillna(False).astype(bool)
     out["flags"] = growth["flags"].reindex(index).fillna("").astype(str)
     out["first_logit_std"] = growth["first_value"].reindex(index).astype("float64")
-    for metric in FINAL_METRICS:
+    for metric in TABLE_METRICS:
         if metric in final.columns:
             out[f"final_{metric}"] = final[metric].reindex(index).astype("float64")
         else:
             out[f"final_{metric}"] = np.nan
     sens = pd.Series(np.nan, index=index, dtype="float64")
-    if "sensitivity" in final.columns:
-        sens = final["sensitivity"].reindex(index).astype("float64")
+    if SENSITIVITY in final.columns:
+        sens = final[SENSITIVITY].reindex(index).astype("float64")
     sens = sens.fillna(growth["sensitivity"].reindex(index).astype("float64"))
     out["sensitivity"] = sens
     out = out.reset_index()
@@ -230,7 +225,7 @@ def heads_table(run: RunData) -> pd.DataFrame:
 
 def attn_shape(heads: pd.DataFrame) -> tuple[int, int]:
     """(n_layers, n_heads) spanned by the attention sites (0, 0 when there are none)."""
-    attn = heads[heads["site_kind"] == "attn"]
+    attn = heads[heads["site_kind"] == ATTN]
     if attn.empty:
         return 0, 0
     return int(attn["layer"].max()) + 1, int(attn["head"].max()) + 1
@@ -240,26 +235,31 @@ def site_matrix(heads: pd.DataFrame, column: str) -> np.ndarray:
     """(n_layers, n_heads) matrix of ``column`` over the attention sites; NaN where no site."""
     n_layers, n_heads = attn_shape(heads)
     mat = np.full((n_layers, n_heads), np.nan)  # (L, H)
-    attn = heads[heads["site_kind"] == "attn"]
+    attn = heads[heads["site_kind"] == ATTN]
     mat[attn["layer"].to_numpy(), attn["head"].to_numpy()] = attn[column].to_numpy(dtype="float64")
     return mat
+
+
+def fit_rows(run: RunData, site_kind: str, layer: int, head: int, metric: str) -> pd.DataFrame:
+    """Every fits.parquet row of one site's metric (any ``fit`` kind)."""
+    f = run.fits
+    return f[
+        (f["site_kind"] == site_kind)
+        & (f["layer"] == layer)
+        & (f["head"] == head)
+        & (f["metric"] == metric)
+    ]
 
 
 def _site_fit(
     run: RunData, fit: str, site_kind: str, layer: int, head: int, metric: str
 ) -> pd.Series | None:
-    f = run.fits
-    rows = f[
-        (f["fit"] == fit)
-        & (f["site_kind"] == site_kind)
-        & (f["layer"] == layer)
-        & (f["head"] == head)
-        & (f["metric"] == metric)
-    ]
+    rows = fit_rows(run, site_kind, layer, head, metric)
+    rows = rows[rows["fit"] == fit]
     return None if rows.empty else rows.iloc[-1]
 
 
-def _series(
+def series(
     run: RunData, site_kind: str, layer: int, head: int, metric: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """(t, value) of one site's metric over the checkpoints with t > 0, in time order."""
@@ -295,7 +295,7 @@ def growth_curve(
     run: RunData, site_kind: str, layer: int, head: int, metric: str = "logit_std"
 ) -> Curve:
     """logit_std (or ``metric``) of one site against time, its fitted c t^alpha and a t^(1/3) line."""
-    t, v = _series(run, site_kind, layer, head, metric)
+    t, v = series(run, site_kind, layer, head, metric)
     row = _site_fit(run, "growth", site_kind, layer, head, metric)
     fit_t = _window(row) if row is not None else np.empty(0)
     alpha, c = _f(row, "alpha"), _f(row, "c")
@@ -324,10 +324,10 @@ def growth_curve(
 
 def loss_curve(run: RunData) -> Curve | None:
     """The LM loss against time with its fit L0 + c t^-alpha and the L0 + c' t^(-1/3) reference."""
-    t, v = _series(run, "lm_head", -1, -1, "loss")
+    t, v = series(run, LM_HEAD, -1, -1, "loss")
     if t.size == 0:
         return None
-    row = _site_fit(run, "loss", "lm_head", -1, -1, "loss")
+    row = _site_fit(run, "loss", LM_HEAD, -1, -1, "loss")
     fit_t = _window(row) if row is not None else np.empty(0)
     alpha, c, L0 = _f(row, "alpha"), _f(row, "c"), _f(row, "L0")
     base = L0 if np.isfinite(L0) else 0.0
@@ -340,7 +340,7 @@ def loss_curve(run: RunData) -> Curve | None:
         fit_t = fit_v = ref_v = np.empty(0)
     return Curve(
         "loss",
-        "lm_head",
+        LM_HEAD,
         -1,
         -1,
         t,
@@ -364,29 +364,29 @@ def curve_sites(
     ``concentrating`` heads by decreasing alpha, up to ``k``; with no concentrating head at all,
     the ``k`` heads of largest alpha. The LM head is drawn separately and is not in this list.
     """
-    attn = heads[heads["site_kind"] == "attn"]
+    attn = heads[heads["site_kind"] == ATTN]
     present = set(zip(attn["layer"], attn["head"], strict=True))
     chosen: list[tuple[str, int, int]] = []
     top = (run.verdicts.get("bottleneck") or {}).get("top_sites") or []
     for site in top:
         key = (int(site.get("layer", -1)), int(site.get("head", -1)))
-        if site.get("site_kind") == "attn" and key in present and ("attn", *key) not in chosen:
-            chosen.append(("attn", *key))
+        if site.get("site_kind") == ATTN and key in present and (ATTN, *key) not in chosen:
+            chosen.append((ATTN, *key))
     conc = attn[attn["site_class"] == "concentrating"].sort_values(
         ["alpha", "layer", "head"], ascending=[False, True, True], kind="stable"
     )
     for layer, head in zip(conc["layer"], conc["head"], strict=True):
         if len(chosen) >= k:
             break
-        if ("attn", int(layer), int(head)) not in chosen:
-            chosen.append(("attn", int(layer), int(head)))
+        if (ATTN, int(layer), int(head)) not in chosen:
+            chosen.append((ATTN, int(layer), int(head)))
     chosen = chosen[:k]
     if chosen:
         return chosen, "top concentrating heads (fits.json top sites first, then by alpha)"
     ranked = attn[np.isfinite(attn["alpha"])].sort_values(
         ["alpha", "layer", "head"], ascending=[False, True, True], kind="stable"
     )
-    chosen = [("attn", int(r.layer), int(r.head)) for r in ranked.head(k).itertuples()]
+    chosen = [(ATTN, int(r.layer), int(r.head)) for r in ranked.head(k).itertuples()]
     return chosen, "no head is classed concentrating; heads of largest alpha"
 
 
