@@ -21,6 +21,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from peakprobe.reports.figures import RenderedFigure
+from peakprobe.reports.summary import dup_text, heads_line
 from peakprobe.reports.tables import RunData, sensitivity_ranking
 from peakprobe.vocab import INTEGRITY, LM_HEAD, PEAKED_ENTROPY, site_label
 
@@ -44,7 +45,7 @@ def num(x: Any, digits: int = 4) -> str:
 
 def pct(x: Any) -> str:
     """A share as a percentage with 3 significant digits, else an em dash."""
-    if x is None or not math.isfinite(float(x)):
+    if x is None or isinstance(x, str) or not math.isfinite(float(x)):
         return "—"
     return f"{100.0 * float(x):.3g}%"
 
@@ -59,6 +60,11 @@ def environment() -> Environment:
     )
     env.filters["num"] = num
     env.filters["pct"] = pct
+    env.filters["yes"] = lambda x: {True: "yes", False: "no"}.get(x, "—")
+    env.filters["site"] = lambda t: site_label(
+        t["site_kind"], -1 if t["layer"] is None else t["layer"], -1 if t["head"] is None else t["head"]
+    )
+    env.filters["dup"] = dup_text
     return env
 
 
@@ -200,4 +206,5 @@ def render_html(
             for f in run.failures
         ],
         integrity_file=INTEGRITY,
+        heads_line=heads_line(summary["bottleneck"]),
     )

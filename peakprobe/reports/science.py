@@ -26,7 +26,7 @@ from peakprobe.vocab import (
     BAND,
     BETA_EFF,
     BOTTLENECK_ATTENTION,
-    BOTTLENECK_LM_HEAD,
+    BOTTLENECK_NONE,
     CI_LEVEL,
     GAIN,
     LM_HEAD,
@@ -106,24 +106,41 @@ def exponent_entry(row: pd.Series, quantity: str, band: tuple[float, float], **a
     }
 
 
+def _gain_fits(run: RunData) -> pd.DataFrame:
+    f = run.fits
+    return f[(f["fit"] == "gain") | ((f["metric"] == GAIN) & (f["fit"] == "growth"))]
+
+
 def gain_sites(run: RunData) -> list[tuple[str, int, int]]:
-    """The sites whose gain G is shown: LM head, all attention, every layer, top heads by final G."""
+    """The sites whose gain G is shown: the LM head, all attention, every layer group, then the
+    TOP_GAIN_HEADS heads of largest fitted share (largest final G when no share was fitted)."""
     r = run.results
-    g = r[(r["metric"] == GAIN) & (r["revision"] == run.last_revision)]
+    g = r[r["metric"] == GAIN].drop_duplicates(["site_kind", "layer", "head"], keep="last")
     if g.empty:
-        g = r[r["metric"] == GAIN].drop_duplicates(["site_kind", "layer", "head"], keep="last")
+        return []
     keys = [(str(k), int(la), int(h)) for k, la, h in zip(g["site_kind"], g["layer"], g["head"], strict=True)]
     grouped = sorted((k for k in keys if k[0] != ATTN), key=lambda k: (GAIN_KIND_ORDER.get(k[0], 9), k[1], k[2]))
-    heads = g[g["site_kind"] == ATTN].sort_values(["value", "layer", "head"], ascending=[False, True, True], kind="stable")
-    top = [(ATTN, int(la), int(h)) for la, h in zip(heads["layer"], heads["head"], strict=True)][:TOP_GAIN_HEADS]
-    return grouped + top
+    heads = g[g["site_kind"] == ATTN][["layer", "head", "value"]].copy()
+    fits = _gain_fits(run)
+    fits = fits[fits["site_kind"] == ATTN]
+    if "share" in fits and np.isfinite(fits["share"].to_numpy(dtype=float)).any():
+        heads = heads.merge(fits[["layer", "head", "share"]], on=["layer", "head"], how="left")
+        heads["value"] = heads["share"].fillna(-np.inf)
+    heads = heads.sort_values(["value", "layer", "head"], ascending=[False, True, True], kind="stable")
+    top = [(ATTN, int(la), int(h)) for la, h in zip(heads["layer"], heads["head"], strict=True)]
+    return grouped + top[:TOP_GAIN_HEADS]
+
+
+def _gain_row(run: RunData, kind: str, layer: int, head: int) -> pd.Series | None:
+    rows = fit_rows(run, kind, layer, head, GAIN)
+    rows = rows[rows["fit"].isin(("gain", "growth"))]
+    return rows.iloc[-1] if not rows.empty else None
 
 
 def gain_curve(run: RunData, kind: str, layer: int, head: int) -> Curve:
     """G(t) of one site, its fitted c t^-alpha over the window and a t^(-1/3) reference."""
     t, v = series(run, kind, layer, head, GAIN)
-    rows = fit_rows(run, kind, layer, head, GAIN)
-    row = rows.iloc[-1] if not rows.empty else None
+    row = _gain_row(run, kind, layer, head)
     fit_t = fit_v = ref_v = np.empty(0)
     a = lo = hi = math.nan
     if row is not None:
@@ -137,40 +154,66 @@ def gain_curve(run: RunData, kind: str, layer: int, head: int) -> Curve:
     return Curve(site_label(kind, layer, head), kind, layer, head, t, v, fit_t, fit_v, ref_v, a, lo, hi, math.nan)
 
 
-def gains_block(run: RunData, band: tuple[float, float], loss_L0: float | None) -> dict:
-    """summary.json ``gains``: per shown site its final G, share of L − L0 and decay exponent."""
+def _gain_exponent(row: pd.Series, band: tuple[float, float]) -> dict:
+    a, lo, hi, _ = _decay(row)
+    e = exponent_entry(row, "gain G decay", band, alpha=a, alpha_lo=lo, alpha_hi=hi)
+    for k in ("share", "share_lo", "share_hi", "q_share"):
+        e[k] = _f(row[k]) if k in row else math.nan
+    return e
+
+
+def gains_block(run: RunData, band: tuple[float, float]) -> dict:
+    """summary.json ``gains``: per shown site its final G, fitted share of L − L0 with its
+    interval (fits.parquet), and the decay exponent with its window and verdict."""
     sites = gain_sites(run)
     if not sites:
         return {"measured": False, "sites": []}
-    t_loss, loss = series(run, LM_HEAD, -1, -1, "loss")
-    reducible = (loss[-1] - loss_L0) if loss.size and loss_L0 is not None else math.nan
     out = []
     for kind, layer, head in sites:
-        t, g = series(run, kind, layer, head, GAIN)
-        rows = fit_rows(run, kind, layer, head, GAIN)
+        _, g = series(run, kind, layer, head, GAIN)
+        row = _gain_row(run, kind, layer, head)
         entry: dict[str, Any] = {
-            "site_kind": kind,
-            "layer": layer,
-            "head": head,
+            "site_kind": kind, "layer": layer, "head": head,
             "label": site_label(kind, layer, head),
             "final_gain": float(g[-1]) if g.size else None,
-            "share": float(g[-1] / reducible) if g.size and reducible > 0 else None,
-            "alpha": None, "alpha_lo": None, "alpha_hi": None,
-            "t_min": None, "t_max": None, "n_points": None,
-            "verdict": None,
         }
-        if not rows.empty:
-            row = rows.iloc[-1]
-            a, lo, hi, _ = _decay(row)
-            e = exponent_entry(row, "gain G decay", band, alpha=a, alpha_lo=lo, alpha_hi=hi)
-            entry.update({k: e[k] for k in ("alpha", "alpha_lo", "alpha_hi", "t_min", "t_max", "n_points", "verdict")})
+        keys = ("alpha", "alpha_lo", "alpha_hi", "t_min", "t_max", "n_points", "verdict",
+                "share", "share_lo", "share_hi", "q_share")
+        if row is None:
+            entry.update(dict.fromkeys(keys))
+        else:
+            e = _gain_exponent(row, band)
+            entry.update({k: e[k] for k in keys})
         out.append(entry)
     return {"measured": True, "sites": out}
 
 
+def _kind_growth(run: RunData, band: tuple[float, float]) -> list[dict]:
+    """fits.json's per-kind logit_std growth exponents (the LM head's; attention's mean over its
+    peaked heads), judged, over the fit window."""
+    b = run.verdicts.get("bottleneck") or {}
+    window = run.verdicts.get("window") or {}
+    out = []
+    for kind, k in (b.get("kinds") or {}).items():
+        if not isinstance(k, dict) or k.get("alpha_growth") is None:
+            continue
+        site = (ATTN_ALL, -1, -1) if kind == BOTTLENECK_ATTENTION else (LM_HEAD, -1, -1)
+        lo, hi = _f(k.get("alpha_growth_lo")), _f(k.get("alpha_growth_hi"))
+        out.append({
+            "site_kind": site[0], "layer": -1, "head": -1,
+            "label": "attention (peaked heads' mean)" if kind == BOTTLENECK_ATTENTION else site_label(*site),
+            "quantity": "logit_std growth", "fit": "growth", "metric": "logit_std",
+            "alpha": _f(k.get("alpha_growth")), "alpha_lo": lo, "alpha_hi": hi,
+            "t_min": _f(window.get("t_min")), "t_max": _f(window.get("t_max")),
+            "n_points": window.get("n_points"),
+            "verdict": judged(k.get("growth_verdict"), lo, hi, band),
+        })
+    return out
+
+
 def exponents_block(run: RunData, band: tuple[float, float], loss: dict | None) -> list[dict]:
-    """Every exponent the report states, judged: the loss law, each gain decay, the LM head's and
-    the top sites' logit_std growth."""
+    """Every exponent the report states, judged: the loss law, each shown gain's decay, each
+    kind's logit_std growth, the LM head's and the top sites' logit_std growth."""
     out = []
     if loss is not None and loss.get("alpha") is not None:
         out.append({
@@ -179,16 +222,16 @@ def exponents_block(run: RunData, band: tuple[float, float], loss: dict | None) 
             **{k: loss.get(k) for k in ("alpha", "alpha_lo", "alpha_hi", "t_min", "t_max", "n_points")},
             "verdict": loss["verdict"],
         })
-    for kind, layer, head in gain_sites(run):
-        rows = fit_rows(run, kind, layer, head, GAIN)
-        if not rows.empty:
-            row = rows.iloc[-1]
-            a, lo, hi, _ = _decay(row)
-            out.append(exponent_entry(row, "gain G decay", band, alpha=a, alpha_lo=lo, alpha_hi=hi))
+    for site in gain_sites(run):
+        row = _gain_row(run, *site)
+        if row is not None:
+            out.append(_gain_exponent(row, band))
+    out += _kind_growth(run, band)
     growth_sites = [(LM_HEAD, -1, -1)]
     for s in (run.verdicts.get("bottleneck") or {}).get("top_sites") or []:
-        growth_sites.append((str(s.get("site_kind")), int(s.get("layer", -1)), int(s.get("head", -1))))
-    for kind, layer, head in dict.fromkeys(growth_sites):
+        if s.get("site_kind") == ATTN:
+            growth_sites.append((ATTN, int(s.get("layer", -1)), int(s.get("head", -1))))
+    for kind, layer, head in list(dict.fromkeys(growth_sites))[: 1 + TOP_GAIN_HEADS]:
         rows = fit_rows(run, kind, layer, head, "logit_std")
         rows = rows[rows["fit"] == "growth"]
         if not rows.empty:
@@ -197,31 +240,31 @@ def exponents_block(run: RunData, band: tuple[float, float], loss: dict | None) 
 
 
 def window_scan_block(run: RunData, band: tuple[float, float]) -> dict:
-    """summary.json ``window_scan``: fits.json's alpha(t_min) rows, each judged."""
-    scan = run.verdicts.get("window_scan")
-    if isinstance(scan, dict):
-        quantity = str(scan.get("quantity") or scan.get("metric") or "loss")
-        scan = scan.get("rows") or []
-    else:
-        quantity = "loss"
-    if not isinstance(scan, list) or not scan:
-        return {"measured": False, "rows": []}
+    """summary.json ``window_scan``: fits.json's ``loss_scan`` (the loss exponent refitted with the
+    window starting at later checkpoints), each row judged; ``drift`` as fit decided it."""
+    scan = run.verdicts.get("loss_scan")
+    rows_in = scan.get("rows") if isinstance(scan, dict) else None
+    if not isinstance(rows_in, list) or not rows_in:
+        return {"measured": False, "drift": None, "rows": []}
+    t_max = _f((run.verdicts.get("window") or {}).get("t_max"))
     rows = []
-    for r in scan:
+    for r in rows_in:
         if not isinstance(r, dict):
             continue
         lo, hi = _f(r.get("alpha_lo")), _f(r.get("alpha_hi"))
         rows.append({
-            "quantity": str(r.get("quantity") or r.get("metric") or quantity),
+            "quantity": "loss",
             "t_min": _f(r.get("t_min")),
-            "t_max": _f(r.get("t_max")),
+            "step_min": r.get("step_min"),
+            "t_max": _f(r.get("t_max", t_max)),
             "n_points": r.get("n_points"),
             "alpha": _f(r.get("alpha")),
             "alpha_lo": lo,
             "alpha_hi": hi,
             "verdict": judged(r.get("verdict"), lo, hi, band),
         })
-    return {"measured": bool(rows), "rows": rows}
+    drift = scan.get("drift")
+    return {"measured": bool(rows), "drift": bool(drift) if isinstance(drift, bool) else None, "rows": rows}
 
 
 # (label, heads column) of each peakedness criterion the page lists
@@ -233,13 +276,15 @@ CRITERIA = (
 )
 
 
-def peakedness_block(heads: pd.DataFrame) -> dict:
+def peakedness_block(run: RunData, heads: pd.DataFrame) -> dict:
     """Both peakedness criteria at the last checkpoint, and whether any softmax is peaked at all.
 
-    A site counts as peaked under a criterion when at least PEAKED_FRACTION of its rows are."""
+    A site counts as peaked under a criterion when at least PEAKED_FRACTION of its rows are. The
+    answer to "is any softmax peaked" is fit's (bottleneck verdict ``none``, or its kinds'
+    ``peaked``) when fits.json has it, else read off the table with the same rule."""
     attn = heads[heads["site_kind"] == ATTN]
     lm = heads[heads["site_kind"] == LM_HEAD]
-    criteria, any_measured, any_peaked = [], False, False
+    criteria, any_measured, table_peaked = [], False, False
     for label, col in CRITERIA:
         a = attn[col].to_numpy(dtype=float)
         lm_v = float(lm[col].iloc[0]) if len(lm) and math.isfinite(lm[col].iloc[0]) else None
@@ -248,79 +293,112 @@ def peakedness_block(heads: pd.DataFrame) -> dict:
             continue  # sink-excluded variants are listed only where measured
         n_peaked = int((a >= PEAKED_FRACTION).sum())
         any_measured |= measured
-        any_peaked |= n_peaked > 0 or (lm_v is not None and lm_v >= PEAKED_FRACTION)
+        table_peaked |= n_peaked > 0 or (lm_v is not None and lm_v >= PEAKED_FRACTION)
         criteria.append({
-            "label": label, "column": col, "measured": measured,
+            "label": label, "metric": col.removeprefix("final_"), "measured": measured,
             "n_attn": int(np.isfinite(a).sum()), "n_attn_peaked": n_peaked, "lm_head": lm_v,
         })
-    lm_beta = float(lm[f"final_{BETA_EFF}"].iloc[0]) if len(lm) else math.nan
-    if not any_measured:
+    b = run.verdicts.get("bottleneck") or {}
+    kinds = {k: v for k, v in (b.get("kinds") or {}).items() if isinstance(v, dict)}
+    if b.get("verdict") == BOTTLENECK_NONE:
+        any_peaked: bool | None = False
+    elif any(isinstance(v.get("peaked"), bool) for v in kinds.values()):
+        any_peaked = any(v.get("peaked") is True for v in kinds.values())
+    else:
+        any_peaked = table_peaked if any_measured else None
+    used = {str(k): [str(x) for x in v] for k, v in (b.get("peaked_criteria") or {}).items()}
+    rule = f"at least {PEAKED_FRACTION:.0%} of its rows above sqrt(2 ln n), n = its options"
+    if any_peaked is None:
         statement = "Peakedness was not measured in this run."
     elif any_peaked:
         statement = (
-            f"A site counts as peaked when at least {PEAKED_FRACTION:.0%} of its rows are, at the "
-            "last checkpoint; the 1/3 mechanism applies only to peaked softmaxes."
+            f"A softmax counts as peaked at the last checkpoint when {rule}. The 1/3 mechanism "
+            "applies only to peaked softmaxes."
         )
     else:
         statement = (
-            "At the last checkpoint no attention head and not the LM head is peaked under any "
-            f"measured criterion (at least {PEAKED_FRACTION:.0%} of rows above sqrt(2 ln n)). "
-            "The 1/3 mechanism — a softmax sharpening toward a peaked target — does not apply "
-            "to this model, whatever the fitted exponents."
+            f"At the last checkpoint no attention head and not the LM head is peaked ({rule}, "
+            "under either criterion). The 1/3 mechanism — a softmax sharpening toward a peaked "
+            "target — does not apply to this model, whatever the fitted exponents say."
         )
     return {
         "measured": any_measured,
-        "any_peaked": any_peaked if any_measured else None,
+        "any_peaked": any_peaked,
         "fraction": PEAKED_FRACTION,
         "statement": statement,
-        "lm_head_beta_eff": lm_beta,
+        "criteria_used": used,
+        "lm_head_beta_eff": float(lm[f"final_{BETA_EFF}"].iloc[0]) if len(lm) else None,
         "criteria": criteria,
     }
 
 
-def _checkpoint_list(items: Any, steps: dict[str, int]) -> list[dict]:
-    """Revisions from a list of strings or of dicts (revision, step, same_as / reason)."""
-    out = []
-    for it in items or []:
-        if isinstance(it, dict):
-            rev = str(it.get("revision") or it.get("rev") or "?")
-            same = it.get("same_as") or it.get("duplicate_of") or it.get("kept")
-            reason = it.get("reason") or it.get("metric") or it.get("flag")
-            step = it.get("step", steps.get(rev))
-        else:
-            rev, same, reason, step = str(it), None, None, steps.get(str(it))
-        out.append({
-            "revision": rev,
-            "step": int(step) if step is not None and pd.notna(step) else None,
-            "same_as": str(same) if same else None,
-            "reason": str(reason) if reason else None,
-        })
-    return sorted({d["revision"]: d for d in out}.values(), key=lambda d: (d["step"] is None, d["step"] or 0, d["revision"]))
+def _step(steps: dict[str, Any], rev: str, given: Any) -> int | None:
+    step = given if given is not None else steps.get(rev)
+    return int(step) if step is not None and pd.notna(step) else None
 
 
 def integrity_block(run: RunData) -> dict:
-    """Duplicated checkpoints excluded from the fits (integrity.json, fits.json) and spike flags."""
-    m = run.manifest
-    steps = {str(c.get("revision")): c.get("step") for c in m.get("checkpoints") or []}
-    dup_items: list = []
-    integ = run.integrity or {}
-    for key in ("duplicates", "excluded"):
-        dup_items += list(integ.get(key) or [])
-    for key in ("duplicates", "excluded_duplicates", "excluded"):
-        dup_items += list(run.verdicts.get(key) or [])
-    spikes = run.verdicts.get("spikes") or run.verdicts.get("spike_checkpoints") or []
+    """Duplicated checkpoints (integrity.json ``flagged``; fits.json ``excluded``) and the
+    checkpoints fit flagged as loss spikes (fits.json ``spikes``)."""
+    steps = {str(c.get("revision")): c.get("step") for c in run.manifest.get("checkpoints") or []}
+    integ = run.integrity
+    flagged = dict((integ or {}).get("flagged") or {})
+    excluded = {
+        str(e.get("revision")): e for e in run.verdicts.get("excluded") or [] if isinstance(e, dict)
+    }
+    dups = []
+    for rev in set(flagged) | set(excluded):
+        f, e = flagged.get(rev) or {}, excluded.get(rev) or {}
+        dups.append({
+            "revision": rev,
+            "step": _step(steps, rev, f.get("step", e.get("step"))),
+            "same_as": [str(x) for x in (f.get("duplicates") or e.get("duplicates") or [])],
+            "files": [str(x) for x in f.get("files") or []],
+            "whole": f.get("whole") if isinstance(f.get("whole"), bool) else None,
+            "excluded": rev in excluded,
+            "reason": str(e.get("reason")) if e.get("reason") else None,
+        })
+    spikes = []
+    for sp in run.verdicts.get("spikes") or []:
+        if isinstance(sp, dict):
+            rev = str(sp.get("revision"))
+            spikes.append({
+                "revision": rev,
+                "step": _step(steps, rev, sp.get("step")),
+                "loss": _f(sp.get("loss")),
+                "jump": _f(sp.get("jump")),
+            })
+    order = lambda d: (d["step"] is None, d["step"] or 0, d["revision"])  # noqa: E731
     return {
-        "integrity_checked": run.integrity is not None,
-        "duplicates": _checkpoint_list(dup_items, steps),
-        "spikes": _checkpoint_list(spikes, steps),
+        "integrity_checked": integ is not None,
+        "n_unchecked": len((integ or {}).get("unchecked") or []),
+        "duplicates": sorted(dups, key=order),
+        "spikes": sorted(spikes, key=order),
     }
 
 
-def bottleneck_exponents(verdict: str | None, exponents: list[dict]) -> list[dict]:
-    """The exponents behind a named bottleneck: its kind's gain decay and growth."""
-    kinds = {BOTTLENECK_ATTENTION: (ATTN_ALL,), BOTTLENECK_LM_HEAD: (LM_HEAD,)}.get(verdict or "", ())
-    return [
-        {k: e[k] for k in ("label", "quantity", "alpha", "alpha_lo", "alpha_hi", "verdict")}
-        for e in exponents
-        if e["site_kind"] in kinds and e["metric"] != "loss"
-    ]
+def bottleneck_kinds(run: RunData, band: tuple[float, float]) -> list[dict]:
+    """fits.json's per-kind evidence (attention, LM head): peaked, share of L − L0 with its
+    interval and BH q-value, gain decay and logit growth exponents with their verdicts."""
+    out = []
+    for kind, k in ((run.verdicts.get("bottleneck") or {}).get("kinds") or {}).items():
+        if not isinstance(k, dict):
+            continue
+        g_lo, g_hi = _f(k.get("alpha_gain_lo")), _f(k.get("alpha_gain_hi"))
+        w_lo, w_hi = _f(k.get("alpha_growth_lo")), _f(k.get("alpha_growth_hi"))
+        out.append({
+            "kind": str(kind),
+            "label": "attention" if kind == BOTTLENECK_ATTENTION else "LM head",
+            "site": k.get("site"),
+            "peaked": k.get("peaked"),
+            "n_sites": k.get("n_sites"),
+            "n_peaked": k.get("n_peaked"),
+            "share": _f(k.get("share")), "share_lo": _f(k.get("share_lo")), "share_hi": _f(k.get("share_hi")),
+            "q_share": _f(k.get("q_share")),
+            "significant": k.get("significant"),
+            "alpha_gain": _f(k.get("alpha_gain")), "alpha_gain_lo": g_lo, "alpha_gain_hi": g_hi,
+            "gain_verdict": judged(k.get("gain_verdict"), g_lo, g_hi, band) if k.get("alpha_gain") is not None else None,
+            "alpha_growth": _f(k.get("alpha_growth")), "alpha_growth_lo": w_lo, "alpha_growth_hi": w_hi,
+            "growth_verdict": judged(k.get("growth_verdict"), w_lo, w_hi, band) if k.get("alpha_growth") is not None else None,
+        })
+    return sorted(out, key=lambda k: k["kind"])

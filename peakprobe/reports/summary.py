@@ -109,36 +109,68 @@ BOTTLENECK_TITLES = {
 }
 
 
-def _bottleneck_block(run: RunData, exponents: list[dict], gains: dict) -> dict:
+TOP_SITE_KEYS = (
+    "site_kind",
+    "layer",
+    "head",
+    "peaked",
+    "share",
+    "share_lo",
+    "share_hi",
+    "q_share",
+    "alpha_gain",
+    "gain_verdict",
+    "alpha_late",
+    "site_class",
+    "alpha",
+    "sensitivity",
+)
+
+
+def _bottleneck_block(run: RunData, band: tuple[float, float]) -> dict:
     given = dict(run.verdicts.get("bottleneck") or {})
     verdict = given.get("verdict")
-    share = given.get("share", given.get("gain_share"))
-    if share is None and gains["measured"]:  # the named kind's own gain over L - L0
-        kind = {BOTTLENECK_ATTENTION: "attn_all", BOTTLENECK_LM_HEAD: LM_HEAD}.get(verdict or "")
-        share = next((g["share"] for g in gains["sites"] if g["site_kind"] == kind), None)
-    top_sites = [
-        {k: t.get(k) for k in ("site_kind", "layer", "head", "alpha", "sensitivity")}
-        for t in given.get("top_sites") or []
-    ]
+    kinds = science.bottleneck_kinds(run, band)
+    named = next((k for k in kinds if k["kind"] == verdict), None)
+    exponents = []
+    if named is not None:
+        for q, key in (("gain G decay", "gain"), ("logit_std growth", "growth")):
+            if named[f"{key}_verdict"] is not None:
+                exponents.append({
+                    "label": named["label"],
+                    "quantity": q,
+                    "alpha": named[f"alpha_{key}"],
+                    "alpha_lo": named[f"alpha_{key}_lo"],
+                    "alpha_hi": named[f"alpha_{key}_hi"],
+                    "verdict": named[f"{key}_verdict"],
+                })
     return {
         "verdict": verdict,
         "title": BOTTLENECK_TITLES.get(
             verdict, f"Bottleneck: {verdict}" if verdict else "Bottleneck undetermined"
         ),
         "reason": given.get("reason"),
-        "share": share,
-        "exponents": science.bottleneck_exponents(verdict, exponents),
+        "share": named["share"] if named else None,
+        "share_lo": named["share_lo"] if named else None,
+        "share_hi": named["share_hi"] if named else None,
+        "exponents": exponents,
+        "kinds": kinds,
         **{
             k: given.get(k)
             for k in (
+                "share_min",
+                "fdr",
+                "n_heads",
+                "n_peaked",
                 "n_concentrating",
                 "n_saturated",
                 "n_diffuse",
-                "lm_head_alpha",
-                "attn_alpha_median",
+                "n_share_significant",
             )
         },
-        "top_sites": top_sites,
+        "top_sites": [
+            {k: t.get(k) for k in TOP_SITE_KEYS} for t in given.get("top_sites") or []
+        ],
     }
 
 
@@ -149,7 +181,6 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
     band = science.band_of(run)
     loss = _loss_block(run, band)
     exponents = science.exponents_block(run, band, loss)
-    gains = science.gains_block(run, band, loss["L0"] if loss else None)
     lm = heads[heads["site_kind"] == LM_HEAD]
     lm_block = None
     if not lm.empty:
@@ -196,9 +227,9 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
         "versions": dict(m.get("versions") or {}),
         "loss": loss,
         "exponents": exponents,
-        "bottleneck": _bottleneck_block(run, exponents, gains),
-        "peakedness": science.peakedness_block(heads),
-        "gains": gains,
+        "bottleneck": _bottleneck_block(run, band),
+        "peakedness": science.peakedness_block(run, heads),
+        "gains": science.gains_block(run, band),
         "window_scan": science.window_scan_block(run, band),
         "lm_head": lm_block,
         "attention": {
@@ -270,6 +301,45 @@ def _label(t: dict) -> str:
     )
 
 
+def dup_text(d: dict, code: Any = str) -> str:
+    """One duplicated checkpoint in words (``code`` formats revision names)."""
+    text = code(d["revision"])
+    if d["same_as"]:
+        text += " repeats " + ", ".join(code(x) for x in d["same_as"])
+    if d["whole"] is False:
+        text += f" (partly: {', '.join(d['files'])})"
+    if d["excluded"]:
+        text += " — excluded from the fits"
+    else:
+        text += " — NOT excluded by this fit (re-run `peakprobe fit`)"
+    return text
+
+
+def _pct(x: Any) -> str:
+    return "—" if x is None else f"{100 * x:.3g}%"
+
+
+def _yes(x: Any) -> str:
+    return {True: "yes", False: "no"}.get(x, "—")
+
+
+def heads_line(b: dict) -> str:
+    """The head counts of the bottleneck block, in words (parts fit did not write are left out)."""
+    parts = []
+    if b["n_heads"] is not None:
+        parts.append(f"{_n(b['n_peaked'])} of {_n(b['n_heads'])} attention heads peaked")
+    parts.append(
+        f"{_n(b['n_concentrating'])} concentrating, {_n(b['n_saturated'])} saturated, "
+        f"{_n(b['n_diffuse'])} diffuse"
+    )
+    if b["n_share_significant"] is not None:
+        parts.append(
+            f"{_n(b['n_share_significant'])} sites with a gain share significantly above "
+            f"{_pct(b['share_min'])} (Benjamini-Hochberg, FDR {_n(b['fdr'])})"
+        )
+    return "; ".join(parts) + "."
+
+
 def summary_markdown(s: dict) -> str:
     """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
     band = f"[{_n(s['band'][0])}, {_n(s['band'][1])}]"
@@ -290,17 +360,13 @@ def summary_markdown(s: dict) -> str:
     b = s["bottleneck"]
     line = f"- **Bottleneck:** {_md(b['verdict'] or 'undetermined')}"
     if b["share"] is not None:
-        line += f" (its gain is {100 * b['share']:.3g}% of L − L0)"
+        line += f" (its gain is {_pct(b['share'])} [{_pct(b['share_lo'])}, {_pct(b['share_hi'])}] of L − L0)"
     if b["reason"]:
         line += f" — {_md(b['reason'])}"
     lines.append(line)
     for e in b["exponents"]:
         lines.append(f"  - {e['label']} {e['quantity']}: α = {_ci(e)}, {e['verdict']}")
-    lines.append(
-        f"- **Heads:** {_n(b['n_concentrating'])} concentrating, {_n(b['n_saturated'])} saturated, "
-        f"{_n(b['n_diffuse'])} diffuse; median attention α {_n(b['attn_alpha_median'])}; "
-        f"LM head α {_n(b['lm_head_alpha'])}."
-    )
+    lines.append(f"- **Heads:** {heads_line(b)}")
     if s["flags"]:
         lines.append(f"- **Flags:** {_md(', '.join(s['flags']))}")
     lines.append("")
@@ -322,17 +388,23 @@ def summary_markdown(s: dict) -> str:
     if not s["gains"]["measured"]:
         lines += ["Not measured in this run (the sweep ran without gains).", ""]
     else:
-        lines += ["| site | final G | share of L − L0 | decay α [CI] | verdict |", "|---|---|---|---|---|"]
+        lines += [
+            "| site | final G | share of L − L0 [CI] | decay α [CI] | verdict | window |",
+            "|---|---|---|---|---|---|",
+        ]
         for g in s["gains"]["sites"]:
-            share = f"{100 * g['share']:.3g}%" if g["share"] is not None else "—"
+            share = f"{_pct(g['share'])} [{_pct(g['share_lo'])}, {_pct(g['share_hi'])}]"
+            window = _window(g) if g["t_min"] is not None else "—"
             lines.append(
-                f"| {g['label']} | {_n(g['final_gain'])} | {share} | {_ci(g)} | {g['verdict'] or '—'} |"
+                f"| {g['label']} | {_n(g['final_gain'])} | {share} | {_ci(g)} | {g['verdict'] or '—'} | {window} |"
             )
         lines.append("")
     lines += ["## Window scan α(t_min)", ""]
     if not s["window_scan"]["measured"]:
         lines += ["Not measured (fits.json has no window scan).", ""]
     else:
+        if s["window_scan"]["drift"]:
+            lines += ["**The exponent drifts with the window start** (two starts give disjoint intervals).", ""]
         lines += ["| quantity | t_min | t_max | α [CI] | verdict |", "|---|---|---|---|---|"]
         for r in s["window_scan"]["rows"]:
             lines.append(
@@ -349,10 +421,9 @@ def summary_markdown(s: dict) -> str:
     ck = s["checkpoints"]
     lines += ["## Checkpoint integrity", ""]
     if ck["duplicates"]:
-        lines.append(f"Duplicated checkpoints excluded from the fits ({len(ck['duplicates'])}):")
+        lines.append(f"Duplicated checkpoints ({len(ck['duplicates'])}):")
         for d in ck["duplicates"]:
-            same = f" = {_code(d['same_as'])}" if d["same_as"] else ""
-            lines.append(f"- {_code(d['revision'])}{same}")
+            lines.append(f"- {dup_text(d, _code)}")
     else:
         lines.append(
             "No duplicated checkpoint found."
@@ -360,17 +431,39 @@ def summary_markdown(s: dict) -> str:
             else "Duplicated checkpoints: not checked (no integrity.json)."
         )
     if ck["spikes"]:
-        lines.append(f"Spike-flagged checkpoints ({len(ck['spikes'])}):")
+        lines.append(f"Loss spikes flagged by the fit, still fitted ({len(ck['spikes'])}):")
         for d in ck["spikes"]:
-            why = f": {_md(d['reason'])}" if d["reason"] else ""
-            lines.append(f"- {_code(d['revision'])}{why}")
+            lines.append(f"- {_code(d['revision'])}: loss {_n(d['loss'])}, jump {_n(d['jump'])}")
     else:
         lines.append("No spike-flagged checkpoint.")
     lines.append("")
+    if b["kinds"]:
+        lines += [
+            "## Evidence per kind",
+            "",
+            "| kind | peaked | share of L − L0 [CI] | q | gain decay α [CI] | verdict | logit_std growth α [CI] | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for k in b["kinds"]:
+            lines.append(
+                f"| {k['label']} | {_yes(k['peaked'])} | {_pct(k['share'])} [{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] "
+                f"| {_n(k['q_share'])} | {_n(k['alpha_gain'])} [{_n(k['alpha_gain_lo'])}, {_n(k['alpha_gain_hi'])}] "
+                f"| {k['gain_verdict'] or '—'} | {_n(k['alpha_growth'])} [{_n(k['alpha_growth_lo'])}, {_n(k['alpha_growth_hi'])}] "
+                f"| {k['growth_verdict'] or '—'} |"
+            )
+        lines.append("")
     if b["top_sites"]:
-        lines += ["## Top sites", "", "| site | α | sensitivity |", "|---|---|---|"]
+        lines += [
+            "## Top sites",
+            "",
+            "| site | peaked | share [CI] | gain α | verdict | class | sensitivity |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for t in b["top_sites"]:
-            lines.append(f"| {_label(t)} | {_n(t['alpha'])} | {_n(t['sensitivity'])} |")
+            lines.append(
+                f"| {_label(t)} | {_yes(t['peaked'])} | {_pct(t['share'])} [{_pct(t['share_lo'])}, {_pct(t['share_hi'])}] "
+                f"| {_n(t['alpha_gain'])} | {t['gain_verdict'] or '—'} | {t['site_class'] or '—'} | {_n(t['sensitivity'])} |"
+            )
         lines.append("")
     sens = s["sensitivity"]
     lines.append("## Sensitivity ranking")
