@@ -89,6 +89,9 @@ HEAD_COLUMNS = (
     ("class", "site_class", False),
     ("α [90% CI]", "alpha", True),
     ("R²", "r2", True),
+    ("vs 1/3", "verdict", False),
+    ("gain share", "share", True),
+    ("gain α", "gain_alpha", True),
     ("final entropy", "final_entropy", True),
     ("max_prob", "final_max_prob", True),
     ("logit_std", "final_logit_std", True),
@@ -98,7 +101,8 @@ HEAD_COLUMNS = (
     ("first_key_prob", "final_first_key_prob", True),
     ("sensitivity", "sensitivity", True),
 )
-OPTIONAL_COLUMNS = ("sensitivity", f"final_{PEAKED_ENTROPY}", "final_beta_eff")
+OPTIONAL_COLUMNS = ("sensitivity", f"final_{PEAKED_ENTROPY}", "final_beta_eff", "share", "gain_alpha")
+TEXT_COLUMNS = ("site_class", "verdict")
 
 
 def _cell(text: str, v: float | None = None, text_col: bool = False) -> dict:
@@ -109,7 +113,8 @@ def _heads_view(heads: pd.DataFrame) -> tuple[list[tuple[str, bool]], list[list[
     cols = [
         c
         for c in HEAD_COLUMNS
-        if c[1] not in OPTIONAL_COLUMNS or bool(np.isfinite(heads[c[1]]).any())
+        if (c[1] not in OPTIONAL_COLUMNS or bool(np.isfinite(heads[c[1]]).any()))
+        and (c[1] != "verdict" or bool((heads["verdict"] != "").any()))
     ]
     rows = []
     for r in heads.to_dict("records"):
@@ -121,8 +126,10 @@ def _heads_view(heads: pd.DataFrame) -> tuple[list[tuple[str, bool]], list[list[
                 cells.append(_cell("LM" if lm else str(int(v))))
             elif col == "head":
                 cells.append(_cell("—" if lm else str(int(v))))
-            elif col == "site_class":
+            elif col in TEXT_COLUMNS:
                 cells.append(_cell(str(v) or "—", text_col=True))
+            elif col == "share":
+                cells.append(_cell(pct(v), repr(float(v)) if math.isfinite(v) else None))
             elif col == "alpha":
                 finite = math.isfinite(v)
                 text = f"{num(v, 3)} [{num(r['alpha_lo'], 3)}, {num(r['alpha_hi'], 3)}]"

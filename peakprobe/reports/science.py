@@ -236,7 +236,14 @@ def exponents_block(run: RunData, band: tuple[float, float], loss: dict | None) 
         rows = rows[rows["fit"] == "growth"]
         if not rows.empty:
             out.append(exponent_entry(rows.iloc[-1], "logit_std growth", band))
-    return out
+    seen: set[tuple] = set()
+    unique = []
+    for e in out:  # the LM head's growth is both a kind's and a site's exponent: list it once
+        key = (e["site_kind"], e["layer"], e["head"], e["quantity"])
+        if key not in seen:
+            seen.add(key)
+            unique.append(e)
+    return unique
 
 
 def window_scan_block(run: RunData, band: tuple[float, float]) -> dict:

@@ -33,6 +33,7 @@ from peakprobe.vocab import (
     ATTN,
     BETA_EFF,
     FINAL_METRICS,
+    GAIN,
     INTEGRITY,
     LM_EXTRA,
     LM_HEAD,
@@ -55,7 +56,7 @@ PEAKEDNESS_METRICS: tuple[str, ...] = (
     BETA_EFF + XSINK_SUFFIX,
 )
 TABLE_METRICS: tuple[str, ...] = tuple(
-    dict.fromkeys((*FINAL_METRICS, *PEAKEDNESS_METRICS, "entropy_norm", *LM_EXTRA))
+    dict.fromkeys((*FINAL_METRICS, *PEAKEDNESS_METRICS, "entropy_norm", *LM_EXTRA, GAIN))
 )
 
 HEADS_SCHEMA = pa.schema(
@@ -76,6 +77,20 @@ HEADS_SCHEMA = pa.schema(
         ("monotone", pa.bool_()),
         ("flags", pa.string()),
         ("first_logit_std", pa.float64()),
+        ("verdict", pa.string()),
+        ("alpha_late", pa.float64()),
+        ("alpha_late_lo", pa.float64()),
+        ("alpha_late_hi", pa.float64()),
+        ("q_growing", pa.float64()),
+        ("peaked", pa.bool_()),
+        ("gain_alpha", pa.float64()),
+        ("gain_alpha_lo", pa.float64()),
+        ("gain_alpha_hi", pa.float64()),
+        ("gain_verdict", pa.string()),
+        ("share", pa.float64()),
+        ("share_lo", pa.float64()),
+        ("share_hi", pa.float64()),
+        ("q_share", pa.float64()),
         *[(f"final_{m}", pa.float64()) for m in TABLE_METRICS],
         ("sensitivity", pa.float64()),
     ]
@@ -202,11 +217,23 @@ def heads_table(run: RunData) -> pd.DataFrame:
     for col in ("alpha", "alpha_lo", "alpha_hi", "c", "r2", "t_min", "t_max"):
         out[col] = growth[col].reindex(index).astype("float64")
     out["site_class"] = growth["site_class"].reindex(index).fillna("").astype(str)
-    out["time_axis"] = growth["time_axis"].reindex(index).fillna(run.time_axis).astype(str)
+    axis = growth["time_axis"].reindex(index).fillna("").astype(str)
+    out["time_axis"] = axis.where(axis != "", run.time_axis)
     out["n_points"] = growth["n_points"].reindex(index).fillna(-1).astype("int64")
     out["monotone"] = growth["monotone"].reindex(index).fillna(False).astype(bool)
     out["flags"] = growth["flags"].reindex(index).fillna("").astype(str)
     out["first_logit_std"] = growth["first_value"].reindex(index).astype("float64")
+    out["verdict"] = _column(growth, "verdict", index, "").astype(str)
+    for col in ("alpha_late", "alpha_late_lo", "alpha_late_hi", "q_growing"):
+        out[col] = _column(growth, col, index, np.nan).astype("float64")
+    out["peaked"] = _column(growth, "peaked", index, False).fillna(False).astype(bool)
+    gain = fits[(fits["fit"] == "gain") & fits["site_kind"].isin((ATTN, LM_HEAD))]
+    gain = gain.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
+    for col in ("alpha", "alpha_lo", "alpha_hi", "verdict"):
+        out[f"gain_{col}"] = _column(gain, col, index, "" if col == "verdict" else np.nan)
+    out["gain_verdict"] = out["gain_verdict"].fillna("").astype(str)
+    for col in ("share", "share_lo", "share_hi", "q_share"):
+        out[col] = _column(gain, col, index, np.nan).astype("float64")
     for metric in TABLE_METRICS:
         if metric in final.columns:
             out[f"final_{metric}"] = final[metric].reindex(index).astype("float64")
@@ -221,6 +248,15 @@ def heads_table(run: RunData) -> pd.DataFrame:
     out["layer"] = out["layer"].astype("int64")
     out["head"] = out["head"].astype("int64")
     return out[list(HEADS_COLUMNS)].reset_index(drop=True)
+
+
+def _column(frame: pd.DataFrame, col: str, index: pd.Index, default: object) -> pd.Series:
+    """``frame[col]`` on ``index`` (``default`` where a site has no row or the column is absent,
+    as in fits written by an older peakprobe)."""
+    if col not in frame.columns:
+        return pd.Series(default, index=index)
+    values = frame[col].reindex(index)
+    return values if default is np.nan else values.where(values.notna(), default)
 
 
 def attn_shape(heads: pd.DataFrame) -> tuple[int, int]:
