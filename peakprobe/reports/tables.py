@@ -114,9 +114,11 @@ class RunData:
     verdicts: dict  # fits.json
     failures: list[dict]
     integrity: dict | None  # integrity.json (duplicated checkpoints), None when absent
+    excluded: frozenset[str]  # revisions the fits left out (duplicated weights): not drawn
     time_axis: str  # 'tau' or 'step'
     last_revision: str
     last_step: int
+    series_index: dict | None = None  # (site_kind, layer, head, metric) -> rows, built on first use
 
 
 @dataclass
@@ -164,7 +166,11 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
     if time_axis not in ("tau", "step"):
         axes = sorted(set(fits["time_axis"].dropna().astype(str)) & {"tau", "step"})
         time_axis = axes[0] if axes else "step"
-    last = results.iloc[-1]  # read_results sorts by step
+    integrity = _integrity(run_dir)
+    excluded = {str(e.get("revision")) for e in verdicts.get("excluded") or [] if isinstance(e, dict)}
+    excluded |= set((integrity or {}).get("flagged") or {})
+    kept = results[~results["revision"].isin(excluded)]
+    last = (kept if not kept.empty else results).iloc[-1]  # read_results sorts by step
     return RunData(
         run_dir=run_dir,
         manifest=manifest,
@@ -172,7 +178,8 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
         fits=fits,
         verdicts=verdicts,
         failures=read_failures(run_dir),
-        integrity=_integrity(run_dir),
+        integrity=integrity,
+        excluded=frozenset(excluded),
         time_axis=time_axis,
         last_revision=str(last["revision"]),
         last_step=int(last["step"]),
@@ -298,14 +305,16 @@ def _site_fit(
 def series(
     run: RunData, site_kind: str, layer: int, head: int, metric: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(t, value) of one site's metric over the checkpoints with t > 0, in time order."""
-    r = run.results
-    rows = r[
-        (r["site_kind"] == site_kind)
-        & (r["layer"] == layer)
-        & (r["head"] == head)
-        & (r["metric"] == metric)
-    ]
+    """(t, value) of one site's metric over the checkpoints with t > 0 that the fits kept
+    (duplicated checkpoints left out), in time order."""
+    if run.series_index is None:  # one grouping pass instead of a scan of every row per curve
+        kept = run.results[~run.results["revision"].isin(run.excluded)]
+        run.series_index = {
+            (k, int(la), int(h), m): g for (k, la, h, m), g in kept.groupby(["site_kind", "layer", "head", "metric"])
+        }
+    rows = run.series_index.get((site_kind, int(layer), int(head), metric))
+    if rows is None:
+        return np.empty(0), np.empty(0)
     t = rows[run.time_axis].to_numpy(dtype="float64")
     v = rows["value"].to_numpy(dtype="float64")
     keep = np.isfinite(t) & (t > 0) & np.isfinite(v)
