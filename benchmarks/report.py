@@ -1,11 +1,13 @@
 """Benchmark of ``render_report``: time and size of a Pythia-12B-shaped report (36 layers x 40 heads).
 
-Writes synthetic fitted runs (``peakprobe.reports.synthetic``) into a temporary folder, renders
-each, and prints wall time, report.html size and ratios against baselines measured in the same
-run: the same report for a 6 x 8 model (time per site) and just writing heads.csv for the large
-model. Exits 1 when the large report breaks the acceptance budget (20 s, 10 MB).
+Writes raw synthetic runs (tests/synthetic.py: planted growth, gains, loss law, a duplicated
+checkpoint) into a temporary folder, fits them with the real ``fit_run`` (``--n-boot`` draws, not
+timed), renders each, and prints wall time, report.html size and ratios against baselines
+measured in the same run: the same report for a 6 x 8 model (time per site) and just loading the
+run and writing heads.csv for the large model. Exits 1 when the large report breaks the
+acceptance budget (20 s, 10 MB).
 
-    python benchmarks/report.py [--layers 36 --heads 40 --checkpoints 30 --repeat 1]
+    python benchmarks/report.py [--layers 36 --heads 40 --checkpoints 30 --repeat 1 --n-boot 100]
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from peakprobe.reports import heads_table, load_run, render_report
-from peakprobe.reports.render import heads_csv_bytes
-from peakprobe.reports.synthetic import write_synthetic_run
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.synthetic
+
+from peakprobe.fits import fit_run  # noqa: E402
+from peakprobe.reports import heads_table, load_run, render_report  # noqa: E402
+from peakprobe.reports.render import heads_csv_bytes  # noqa: E402
+from tests.synthetic import make_run  # noqa: E402
 
 BUDGET_S = 20.0
 BUDGET_BYTES = 10 * 1024 * 1024
@@ -40,14 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=40)
     parser.add_argument("--checkpoints", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=1, help="renders per size; the best is kept")
+    parser.add_argument("--n-boot", type=int, default=100, help="bootstrap draws of the (untimed) fit")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
         small, large = Path(tmp) / "small", Path(tmp) / "large"
-        write_synthetic_run(small, n_layers=6, n_heads=8, n_checkpoints=args.checkpoints, seed=0)
-        write_synthetic_run(
-            large, n_layers=args.layers, n_heads=args.heads, n_checkpoints=args.checkpoints, seed=0
-        )
+        t0 = time.perf_counter()
+        for run_dir, (n_layers, n_heads) in ((small, (6, 8)), (large, (args.layers, args.heads))):
+            make_run(
+                run_dir, n_layers=n_layers, n_heads=n_heads, n_checkpoints=args.checkpoints,
+                seed=0, duplicates={"step4": "step64"},
+            )
+            fit_run(run_dir, n_boot=args.n_boot)
+        print(f"setup (make_run + fit_run, n_boot {args.n_boot}, not timed): {time.perf_counter() - t0:.1f} s")
         render_report(small)  # warm-up: imports, font cache, matplotlib backends
 
         t_small = best_of(args.repeat, lambda: render_report(small))

@@ -76,6 +76,7 @@ def _heatmap(
         vmax=vmax,
         edgecolors="white",
         linewidth=0.3 if n_heads * n_layers <= 400 else 0.0,
+        rasterized=n_heads * n_layers > 400,  # a big grid: one image in the SVG, not a path per cell
     )
     ax.set_xlim(-0.5, n_heads - 0.5)
     ax.set_ylim(n_layers - 0.5, -0.5)

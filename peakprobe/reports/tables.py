@@ -118,7 +118,7 @@ class RunData:
     time_axis: str  # 'tau' or 'step'
     last_revision: str
     last_step: int
-    series_index: dict | None = None  # (site_kind, layer, head, metric) -> rows, built on first use
+    series_index: dict | None = None  # metric -> its kept rows, filled on first use
 
 
 @dataclass
@@ -307,14 +307,13 @@ def series(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(t, value) of one site's metric over the checkpoints with t > 0 that the fits kept
     (duplicated checkpoints left out), in time order."""
-    if run.series_index is None:  # one grouping pass instead of a scan of every row per curve
-        kept = run.results[~run.results["revision"].isin(run.excluded)]
-        run.series_index = {
-            (k, int(la), int(h), m): g for (k, la, h, m), g in kept.groupby(["site_kind", "layer", "head", "metric"])
-        }
-    rows = run.series_index.get((site_kind, int(layer), int(head), metric))
-    if rows is None:
-        return np.empty(0), np.empty(0)
+    if run.series_index is None:
+        run.series_index = {}
+    if metric not in run.series_index:  # one scan of every row per metric, not per curve
+        r = run.results
+        run.series_index[metric] = r[(r["metric"] == metric) & ~r["revision"].isin(run.excluded)]
+    m = run.series_index[metric]
+    rows = m[(m["site_kind"] == site_kind) & (m["layer"] == layer) & (m["head"] == head)]
     t = rows[run.time_axis].to_numpy(dtype="float64")
     v = rows["value"].to_numpy(dtype="float64")
     keep = np.isfinite(t) & (t > 0) & np.isfinite(v)
