@@ -138,3 +138,30 @@ def third_distance(alpha: float, lo: float, hi: float) -> tuple[bool, float]:
     else:
         dist = gap / half
     return bool(lo - 1e-9 <= third <= hi + 1e-9), float(dist)
+
+
+def p_at_most(samples: np.ndarray, bound: float) -> np.ndarray:
+    """One-sided bootstrap p-value of "the quantity is at most ``bound``" along the last axis:
+    (1 + #{samples <= bound}) / (B + 1); NaN where there are no samples. Small p: the
+    bootstrap distribution lies above the bound."""
+    b = samples.shape[-1]
+    if b == 0:
+        return np.full(samples.shape[:-1], np.nan)
+    below = (np.nan_to_num(samples, nan=-np.inf) <= bound).sum(axis=-1)
+    return (1.0 + below) / (b + 1.0)
+
+
+def bh_qvalues(p: np.ndarray) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (q-values) of a 1-D array; NaN entries stay NaN
+    and do not count as tests. A test is a discovery at false-discovery rate q when its
+    q-value is <= q."""
+    p = np.asarray(p, dtype=float)
+    q = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    m = len(ok)
+    if m == 0:
+        return q
+    order = ok[np.argsort(p[ok], kind="stable")]
+    scaled = p[order] * m / np.arange(1, m + 1)
+    q[order] = np.minimum(np.minimum.accumulate(scaled[::-1])[::-1], 1.0)
+    return q
