@@ -22,9 +22,9 @@ Bottleneck verdict (`decide`), in this order:
 2. no site peaked: ``none`` — "no softmax is peaked: the 1/3 mechanism does not apply";
 3. no `gain` metric in the results: ``undetermined`` (the verdict is never guessed from the
    sign of a sensitivity); no loss-law fit (no L - L0): ``undetermined``;
-4. the candidate kinds are the peaked kinds with a significant gain share: some site of the
-   kind has G / (L - L0) > GAIN_SHARE_MIN at the window's end, a BH discovery at level FDR over
-   all gain sites (a head must itself be peaked); none: ``undetermined``;
+4. the candidate kinds are the peaked kinds with a significant gain share: some peaked site
+   of the kind has G / (L - L0) > GAIN_SHARE_MIN at the window's end, a BH discovery at level
+   FDR within its family (heads; layer groups; whole kinds); none: ``undetermined``;
 5. among the candidates, the kind whose gain decays slowest (smallest alpha_gain; ties by the
    larger share) is the verdict: ``attention`` or ``lm_head``.
 

@@ -19,6 +19,7 @@ is fitted alone or inside a whole run.
 from __future__ import annotations
 
 import numpy as np
+from scipy.stats import norm
 
 DELTA = 1e-3  # Huber threshold on log-space residuals (Epoch AI practice)
 FEW_POINTS = 8  # fewer points than this: the `few_points` flag
@@ -140,15 +141,20 @@ def third_distance(alpha: float, lo: float, hi: float) -> tuple[bool, float]:
     return bool(lo - 1e-9 <= third <= hi + 1e-9), float(dist)
 
 
-def p_at_most(samples: np.ndarray, bound: float) -> np.ndarray:
-    """One-sided bootstrap p-value of "the quantity is at most ``bound``" along the last axis:
-    (1 + #{samples <= bound}) / (B + 1); NaN where there are no samples. Small p: the
-    bootstrap distribution lies above the bound."""
-    b = samples.shape[-1]
-    if b == 0:
-        return np.full(samples.shape[:-1], np.nan)
-    below = (np.nan_to_num(samples, nan=-np.inf) <= bound).sum(axis=-1)
-    return (1.0 + below) / (b + 1.0)
+def p_at_most(estimate: np.ndarray, samples: np.ndarray, bound: float) -> np.ndarray:
+    """One-sided p-value of "the quantity is at most ``bound``" from a point estimate (S,) and
+    its bootstrap samples (S, B): the normal tail sf((estimate - bound) / sd) with sd the
+    bootstrap standard error. (A count of samples below the bound cannot go under 1 / (B + 1),
+    too coarse for Benjamini-Hochberg over hundreds of sites.) NaN without samples; a zero sd
+    gives 0 or 1. Small p: the quantity lies above the bound."""
+    est = np.asarray(estimate, dtype=float)
+    if samples.shape[-1] < 2:
+        return np.full(est.shape, np.nan)
+    sd = np.nanstd(samples, axis=-1, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (est - bound) / sd
+    z = np.where(sd > 0, z, np.where(est > bound, np.inf, -np.inf))
+    return np.where(np.isfinite(est), norm.sf(z), np.nan)
 
 
 def bh_qvalues(p: np.ndarray) -> np.ndarray:

@@ -13,10 +13,12 @@ to the LM head's `loss`.
 Gain fits: G = c t^-alpha for every site whose results carry vocab.GAIN; ``alpha`` is the decay
 exponent (positive when G falls). The share of a gain site is G(t_end) / (L - L0)(t_end), both
 read off their fitted laws at the window's last checkpoint, with a bootstrap interval (the gain
-and loss refits paired by index) and a one-sided bootstrap p-value of "share <=
-GAIN_SHARE_MIN". "Still growing" is the one-sided p-value of "late logit_std alpha <=
-GROWTH_FLOOR" (late fit: second half of the window in log time, at least 6 checkpoints). Both
-families of p-values get Benjamini-Hochberg q-values over sites; see `classify`.
+and loss refits paired by index) and a one-sided p-value of "share <= GAIN_SHARE_MIN" (normal
+tail on log share with the bootstrap standard error). "Still growing" is the one-sided p-value
+of "late logit_std alpha <= GROWTH_FLOOR" (late fit: second half of the window in log time, at
+least 6 checkpoints), likewise. Growth p-values get Benjamini-Hochberg q-values over all sites
+with a logit_std; share p-values within three families (heads; layer groups; the whole-kind
+sites attn_all and the LM head); see `classify`.
 
 Three-way verdicts (`third.judge_third`, band ``band``) are given for the loss, every gain and
 every logit-magnitude growth (vocab.MAGNITUDE_METRICS). first_value / final_value are the run's
@@ -52,6 +54,8 @@ LATE_MIN_POINTS = 6
 SERIES_PER_BATCH = 64
 KEYS = ["site_kind", "layer", "head", "metric"]
 SITE_KEYS = ["site_kind", "layer", "head"]
+#: the families of gain-share tests, each under its own Benjamini-Hochberg control
+SHARE_FAMILIES = ((vocab.ATTN,), (vocab.ATTN_LAYER,), (vocab.ATTN_ALL, vocab.LM_HEAD))
 
 
 @dataclass
@@ -190,7 +194,8 @@ def fit_run(
                                         n_boot, seed, progress, "late fits", keep_boot=True)
     late_of = {}
     for r, fit, boot in zip(std_rows, late_fits, late_boots, strict=True):
-        p = float(p_at_most(boot[1][None, :], vocab.GROWTH_FLOOR)[0]) if boot else math.nan
+        p = (float(p_at_most(np.array([fit["alpha"]]), boot[1][None, :], vocab.GROWTH_FLOOR)[0])
+             if boot else math.nan)
         late_of[site_of[r]] = {"alpha_late": fit.get("alpha", math.nan),
                                "alpha_late_lo": fit.get("alpha_lo", math.nan),
                                "alpha_late_hi": fit.get("alpha_hi", math.nan), "p_growing": p}
@@ -222,7 +227,8 @@ def fit_run(
                 g_end = np.exp(boot[0] + boot[1] * (math.log(t_end) - boot[2]))  # (B,)
                 shares = g_end / r_boot
                 lo, hi = (float(v) for v in percentile_interval(shares, vocab.CI_LEVEL))
-                p = float(p_at_most(shares, vocab.GAIN_SHARE_MIN))
+                p = float(p_at_most(np.array([math.log(share)]), np.log(shares)[None, :],
+                                    math.log(vocab.GAIN_SHARE_MIN))[0])
         gain_of[site_of[r]] = {"share": share, "share_lo": lo, "share_hi": hi, "p_share": p,
                                "alpha_gain": fit.get("alpha", math.nan),
                                "alpha_gain_lo": fit.get("alpha_lo", math.nan),
@@ -283,9 +289,12 @@ def _sites(site_keys: list[tuple], at_last: dict, available: set[str], late_of: 
             else:
                 sites.at[i, "peaked"] = any_head
     sites["q_growing"] = bh_qvalues(sites["p_growing"].to_numpy(dtype=float))
-    # a head's share only counts as evidence when the head is peaked; groups by their heads
-    p_share = sites["p_share"].to_numpy(dtype=float)
-    sites["q_share"] = bh_qvalues(p_share)
+    # BH within each family of gain sites: heads, layer groups, whole kinds (attn_all, LM head)
+    q = np.full(len(sites), np.nan)
+    for family in SHARE_FAMILIES:
+        rows = np.flatnonzero(sites["site_kind"].isin(family).to_numpy())
+        q[rows] = bh_qvalues(sites["p_share"].to_numpy(dtype=float)[rows])
+    sites["q_share"] = q
     sites["site_class"] = [
         classify.classify(p, q) if k in (vocab.ATTN, vocab.LM_HEAD) and math.isfinite(a) else ""
         for k, p, q, a in zip(sites["site_kind"], sites["peaked"], sites["q_growing"],
