@@ -17,7 +17,8 @@ Planted laws (t = step, tau = tau_scale * step):
   = beta / 4, peaked = logistic((beta - c0) / (0.1 c0)) (a row fraction), max_prob and entropy
   falling with beta; beta_eff = beta_eff_factor * beta and peaked_entropy likewise from beta_eff;
 * the LM head has its own kind (c0 = sqrt(2 ln vocab)) and the loss L0 + c t^-loss_alpha
-  (target_prob = exp(-loss), target_logit_minus_mean = 2 beta);
+  (+ loss_c2 t^-loss_alpha2, a second term that makes alpha drift with the window start;
+  target_prob = exp(-loss), target_logit_minus_mean = 2 beta);
 * gains (G = L(beta=1) - min_beta L(beta)) with known exponents: with R_end = c t_end^-loss_alpha
   the reducible loss at the end, the bottleneck kind (``gains='attention'`` or ``'lm_head'``)
   gets G = gain_share R_end (t/t_end)^-gain_alpha and the other kind G = other_share R_end
@@ -136,6 +137,8 @@ def make_run(
     loss_alpha: float = 1.0 / 3.0,
     loss_c: float | None = None,
     loss_noise: float | None = None,
+    loss_c2: float = 0.0,
+    loss_alpha2: float = 1.0,
     lm_head_kind: str = "saturated",
     lm_head_alpha: float = 1.0 / 3.0,
     lm_beta_eff_factor: float = 1.0,
@@ -214,7 +217,7 @@ def make_run(
     lm = _site_metrics(beta_lm, c0_lm, vocab_size, lm_beta_eff_factor)
     if not peaked_entropy:
         del lm[vocab.BETA_EFF], lm[vocab.PEAKED_ENTROPY]
-    loss = loss_L0 + loss_c * t_pos**-loss_alpha
+    loss = loss_L0 + loss_c * t_pos**-loss_alpha + loss_c2 * t_pos**-loss_alpha2
     loss = loss * (1.0 + loss_noise * rng.standard_normal(len(t)))
     for step, factor in (spikes or {}).items():
         loss[steps.index(int(step))] *= factor
