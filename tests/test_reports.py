@@ -270,7 +270,7 @@ def test_duplicates_and_spikes_are_listed(run):
     html_text = paths.html.read_text()
     assert 'id="duplicates"' in html_text and 'id="spikes"' in html_text
     md = paths.summary_md.read_text()
-    assert f"`{DUPLICATE}` repeats `{KEPT}` — excluded from the fits" in md
+    assert f"`{DUPLICATE}` has the same weights as `{KEPT}` — excluded from the fits" in md
 
 
 def test_data_files_are_byte_identical_and_html_differs_only_in_provenance(run):

@@ -345,6 +345,7 @@ def window_scan_figure(rows: list[dict], band: tuple[float, float], time_axis: s
         ax.errorbar(t, a, yerr=err, fmt="o-", markersize=3, capsize=2, linewidth=1.0, label=quantity)
     ax.set_xscale("log")
     ax.xaxis.set_minor_locator(LogLocator(base=10.0, subs=(2.0, 5.0)))
+    ax.xaxis.set_minor_formatter(FormatStrFormatter("%g"))  # a scan spans about one decade
     ax.set_xlabel(f"window start t_min ({time_axis})")
     ax.set_ylabel("exponent α")
     ax.legend(fontsize=8, frameon=False)

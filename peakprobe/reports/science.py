@@ -201,8 +201,9 @@ def _kind_growth(run: RunData, band: tuple[float, float]) -> list[dict]:
         lo, hi = _f(k.get("alpha_growth_lo")), _f(k.get("alpha_growth_hi"))
         out.append({
             "site_kind": site[0], "layer": -1, "head": -1,
-            "label": "attention (peaked heads' mean)" if kind == BOTTLENECK_ATTENTION else site_label(*site),
-            "quantity": "logit_std growth", "fit": "growth", "metric": "logit_std",
+            "label": "attention" if kind == BOTTLENECK_ATTENTION else site_label(*site),
+            "quantity": f"logit_std growth ({k['growth_of']})" if k.get("growth_of") else "logit_std growth",
+            "fit": "growth", "metric": "logit_std",
             "alpha": _f(k.get("alpha_growth")), "alpha_lo": lo, "alpha_hi": hi,
             "t_min": _f(window.get("t_min")), "t_max": _f(window.get("t_max")),
             "n_points": window.get("n_points"),
@@ -239,7 +240,7 @@ def exponents_block(run: RunData, band: tuple[float, float], loss: dict | None) 
     seen: set[tuple] = set()
     unique = []
     for e in out:  # the LM head's growth is both a kind's and a site's exponent: list it once
-        key = (e["site_kind"], e["layer"], e["head"], e["quantity"])
+        key = (e["site_kind"], e["layer"], e["head"], e["fit"], e["metric"])
         if key not in seen:
             seen.add(key)
             unique.append(e)

@@ -50,14 +50,16 @@ def _clean(x: Any) -> Any:
     return str(x)
 
 
-def verdict_text(verdict: str, band: tuple[float, float]) -> str:
-    """One sentence saying what a three-way verdict means, with the band."""
-    lo, hi = band
-    return {
-        CONSISTENT: f"the interval contains 1/3 and lies inside the band [{lo:g}, {hi:g}]",
-        INCONSISTENT: "1/3 lies outside the interval",
-        INCONCLUSIVE: f"the interval contains 1/3 but is not inside the band [{lo:g}, {hi:g}], or there is none",
-    }.get(verdict, "no finite interval")
+def verdict_text(verdict: str, band: tuple[float, float], lo: Any = None, hi: Any = None) -> str:
+    """One sentence saying why an interval [lo, hi] got its three-way verdict, with the band."""
+    b = f"[{band[0]:g}, {band[1]:g}]"
+    if verdict == CONSISTENT:
+        return f"the interval contains 1/3 and lies inside the band {b}"
+    if verdict == INCONSISTENT:
+        return "1/3 lies outside the interval"
+    if lo is None or hi is None:
+        return "there is no finite interval"
+    return f"the interval contains 1/3 but reaches outside the band {b}"
 
 
 def _loss_block(run: RunData, band: tuple[float, float]) -> dict | None:
@@ -89,7 +91,9 @@ def _loss_block(run: RunData, band: tuple[float, float]) -> dict | None:
     block["verdict"] = science.judged(
         given.get("verdict"), block["alpha_lo"], block["alpha_hi"], band
     )
-    block["verdict_text"] = verdict_text(block["verdict"], band)
+    block["verdict_text"] = verdict_text(
+        block["verdict"], band, block["alpha_lo"], block["alpha_hi"]
+    )
     block["band"] = list(band)
     return block
 
@@ -305,7 +309,7 @@ def dup_text(d: dict, code: Any = str) -> str:
     """One duplicated checkpoint in words (``code`` formats revision names)."""
     text = code(d["revision"])
     if d["same_as"]:
-        text += " repeats " + ", ".join(code(x) for x in d["same_as"])
+        text += " has the same weights as " + ", ".join(code(x) for x in d["same_as"])
     if d["whole"] is False:
         text += f" (partly: {', '.join(d['files'])})"
     if d["excluded"]:
