@@ -21,7 +21,6 @@ from peakprobe.vocab import (
     BOTTLENECK_LM_HEAD,
     BOTTLENECK_NONE,
     CONSISTENT,
-    INCONCLUSIVE,
     INCONSISTENT,
     LM_HEAD,
     site_label,
