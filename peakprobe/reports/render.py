@@ -2,8 +2,8 @@
 
 Owns: the order of the rendering steps, the file layout of the report folder and the
 ``ReportPaths`` record. Writes ``heads.csv``, ``heads.parquet``, ``summary.json``, ``summary.md``,
-``figures/<name>.png|svg`` and ``report.html``, each atomically. Everything except report.html
-(which shows the command and a timestamp) is byte-identical for the same run.
+``figures/<name>.png|svg`` and ``report.html``, each atomically. Everything is byte-identical for
+the same run except report.html's two provenance lines (the command and the time).
 """
 
 from __future__ import annotations

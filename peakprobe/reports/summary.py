@@ -125,7 +125,6 @@ TOP_SITE_KEYS = (
     "gain_verdict",
     "alpha_late",
     "site_class",
-    "alpha",
     "sensitivity",
 )
 
