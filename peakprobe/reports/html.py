@@ -21,7 +21,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from peakprobe.reports.figures import RenderedFigure
-from peakprobe.reports.summary import dup_text, heads_line
+from peakprobe.reports.markdown import dup_text, heads_line
 from peakprobe.reports.tables import RunData, sensitivity_ranking
 from peakprobe.vocab import INTEGRITY, LM_HEAD, PEAKED_ENTROPY, site_label
 

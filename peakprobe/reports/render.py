@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from peakprobe.reports import figures as F
 from peakprobe.reports import science
 from peakprobe.reports.html import render_html
-from peakprobe.reports.summary import build_summary, summary_markdown
+from peakprobe.reports.markdown import summary_markdown
+from peakprobe.reports.summary import build_summary
 from peakprobe.reports.tables import (
     HEADS_SCHEMA,
     curve_sites,
