@@ -176,7 +176,7 @@ def test_summary_states_verdicts_with_interval_band_and_window(planted) -> None:
     text = format_summary(rf)
     loss = rf.loss
     assert (f"alpha {loss.alpha:.3f} [{loss.alpha_lo:.3f}, {loss.alpha_hi:.3f}] (90% CI) -> "
-            f"consistent (band [0.25, 0.42]; window tau 100-1e+04, {rf.n_points} checkpoints)"
+            f"consistent (band [0.25, 0.42]; window tau 100-10000, {rf.n_points} checkpoints)"
             ) in text
     assert "bottleneck: attention - attention carries" in text
 

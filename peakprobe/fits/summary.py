@@ -15,6 +15,11 @@ def _num(v: float | None, fmt: str = ".3f") -> str:
     return "n/a" if v is None or not math.isfinite(v) else format(v, fmt)
 
 
+def _t(v: float) -> str:
+    """A time for a window: whole numbers from 100 up, three significant digits below."""
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def _pct(v: float | None) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.0f}%"
 
@@ -26,11 +31,11 @@ def format_summary(run_fits: RunFits, n_sites: int = 5) -> str:
     doc = rf.verdict
     band = f"band [{rf.band[0]:g}, {rf.band[1]:g}]"
     win = doc["window"]
-    where = (f"window {rf.time_axis} {win['t_min']:.4g}-{win['t_max']:.4g}, "
+    where = (f"window {rf.time_axis} {_t(win['t_min'])}-{_t(win['t_max'])}, "
              f"{win['n_points']} checkpoints")
     lines = [
         f"{rf.model or rf.run_dir.name}: {win['n_points']} checkpoints fitted on {rf.time_axis} "
-        f"{win['t_min']:.6g}-{win['t_max']:.6g} (steps {win['step_min']}-{win['step_max']}; "
+        f"{_t(win['t_min'])}-{_t(win['t_max'])} (steps {win['step_min']}-{win['step_max']}; "
         f"start: {win['start_rule']})"
     ]
     if doc["excluded"]:
@@ -41,7 +46,7 @@ def format_summary(run_fits: RunFits, n_sites: int = 5) -> str:
         lines.append("loss: no LM-head loss in the results")
     else:
         lines.append(
-            f"loss: L = {_num(loss.L0, '.2f')} + {_num(loss.c, '.3g')} t^-{_num(loss.alpha)}; "
+            f"loss: L = {_num(loss.L0, '.2f')} + {_num(loss.c, '#.3g')} t^-{_num(loss.alpha)}; "
             f"alpha {_num(loss.alpha)} [{_num(loss.alpha_lo)}, {_num(loss.alpha_hi)}] "
             f"({100 * vocab.CI_LEVEL:.0f}% CI) -> {doc['loss']['verdict']} ({band}; {where})"
         )
