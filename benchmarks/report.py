@@ -29,14 +29,18 @@ BUDGET_S = 20.0
 BUDGET_BYTES = 10 * 1024 * 1024
 
 
-def best_of(repeat: int, fn) -> float:
-    """Smallest wall time of ``repeat`` calls of ``fn``."""
-    times = []
+def best_of(repeat: int, fn) -> tuple[float, float]:
+    """Smallest wall time and smallest CPU time of ``repeat`` calls of ``fn``.
+
+    The render is single-threaded, so its CPU time is what it would take on an idle core; on a
+    shared machine the wall time can be several times longer."""
+    walls, cpus = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return min(walls), min(cpus)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,38 +64,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"setup (make_run + fit_run, n_boot {args.n_boot}, not timed): {time.perf_counter() - t0:.1f} s")
         render_report(small)  # warm-up: imports, font cache, matplotlib backends
 
-        t_small = best_of(args.repeat, lambda: render_report(small))
-        t_large = best_of(args.repeat, lambda: render_report(large))
+        t_small, c_small = best_of(args.repeat, lambda: render_report(small))
+        t_large, c_large = best_of(args.repeat, lambda: render_report(large))
         paths = render_report(large)
 
         def write_csv() -> None:
             (Path(tmp) / "heads.csv").write_bytes(heads_csv_bytes(heads_table(load_run(large))))
 
-        t_csv = best_of(args.repeat, write_csv)
+        t_csv, c_csv = best_of(args.repeat, write_csv)
         html_bytes = paths.html.stat().st_size
         total_bytes = sum(p.stat().st_size for p in paths.all())
 
     n_small, n_large = 6 * 8 + 1, args.layers * args.heads + 1
     per_site_small, per_site_large = t_small / n_small, t_large / n_large
     print(f"render_report, {args.checkpoints} checkpoints, best of {args.repeat}")
-    print(f"{'model':>12} {'sites':>6} {'wall s':>8} {'ms/site':>8}")
-    print(f"{'6x8':>12} {n_small:>6} {t_small:>8.2f} {1e3 * per_site_small:>8.2f}")
+    print(f"{'model':>12} {'sites':>6} {'wall s':>8} {'cpu s':>8} {'ms/site':>8}")
+    print(f"{'6x8':>12} {n_small:>6} {t_small:>8.2f} {c_small:>8.2f} {1e3 * per_site_small:>8.2f}")
     print(
-        f"{f'{args.layers}x{args.heads}':>12} {n_large:>6} {t_large:>8.2f} {1e3 * per_site_large:>8.2f}"
+        f"{f'{args.layers}x{args.heads}':>12} {n_large:>6} {t_large:>8.2f} {c_large:>8.2f} "
+        f"{1e3 * per_site_large:>8.2f}"
     )
     print(
         f"ratio large/small render time: {t_large / t_small:.2f}x for {n_large / n_small:.1f}x the sites "
         f"(per-site cost ratio {per_site_large / per_site_small:.3f})"
     )
     print(
-        f"baseline load run + write heads.csv (large): {t_csv:.2f} s; render / baseline = {t_large / t_csv:.1f}x"
+        f"baseline load run + write heads.csv (large): {t_csv:.2f} s wall, {c_csv:.2f} s cpu; "
+        f"render / baseline = {t_large / t_csv:.1f}x wall, {c_large / c_csv:.1f}x cpu"
     )
     print(
         f"report.html {html_bytes / 2**20:.2f} MiB; all report files {total_bytes / 2**20:.2f} MiB"
     )
     ok = t_large < BUDGET_S and html_bytes < BUDGET_BYTES
     print(
-        f"budget (< {BUDGET_S:.0f} s, report.html < {BUDGET_BYTES // 2**20} MiB): {'PASS' if ok else 'FAIL'}"
+        f"budget (< {BUDGET_S:.0f} s wall, report.html < {BUDGET_BYTES // 2**20} MiB): "
+        f"{'PASS' if ok else 'FAIL'}" + ("" if ok or c_large >= BUDGET_S else
+                                         f" (cpu {c_large:.1f} s is within it: a loaded machine)")
     )
     return 0 if ok else 1
 
