@@ -342,7 +342,10 @@ def test_html_is_self_contained_and_complete(run):
 
 def test_run_without_gains_or_sensitivity_says_not_measured(tmp_path):
     run_dir = tmp_path / "run"
-    _fitted(run_dir, n_layers=2, n_heads=3, n_checkpoints=24, seed=1, gains=None, sensitivity=False)
+    _fitted(
+        run_dir, n_layers=2, n_heads=3, n_checkpoints=24, seed=1, gains=None, sensitivity=False,
+        peaked_entropy=False, xsink=False,
+    )
     stale = run_dir / "report" / "figures" / "gain_curves.png"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"from an earlier render")
@@ -358,6 +361,10 @@ def test_run_without_gains_or_sensitivity_says_not_measured(tmp_path):
     assert ">sensitivity</th>" not in heads_header and ">gain share</th>" not in heads_header
     assert "d loss / d log β</th>" not in html_text.split('id="top-sites-table"', 1)[1].split("</table>")[0]
     assert "Not measured in this run (the sweep ran without gains)" in paths.summary_md.read_text()
+    criteria = {c["metric"]: c["measured"] for c in s["peakedness"]["criteria"]}
+    assert criteria == {"peaked": True, "peaked_entropy": False}  # no _xsink rows when unmeasured
+    table = html_text.split('id="peakedness-table"', 1)[1].split("</table>", 1)[0]
+    assert table.count("not measured") == 1 and "peaked_entropy_heatmap" not in s["figures"]
 
 
 def test_no_peaked_softmax_is_said_prominently(tmp_path):
