@@ -443,7 +443,8 @@ def _document(*, axis: str, band: tuple[float, float], win: window.Window, t: np
         flags.append("failed_checkpoints")
     has_peaked = bool(sites["peaked"].notna().any())
     verdict, reason = classify.decide(kinds, has_peaked_metric=has_peaked, has_gain=has_gain,
-                                      has_loss=loss is not None)
+                                      has_loss=loss is not None,
+                                      has_entropy_criterion=vocab.PEAKED_ENTROPY in available)
     heads = sites[sites["site_kind"] == vocab.ATTN]
     cls = heads["site_class"]
     return {
