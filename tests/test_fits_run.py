@@ -251,6 +251,28 @@ def test_without_gains_the_verdict_is_undetermined(tmp_path) -> None:
     assert (rf.table["fit"] != "gain").all()
 
 
+def test_an_older_run_is_judged_by_what_it_measured(tmp_path) -> None:
+    """No entropy peakedness, no sink-excluded statistics, no gains: the logit-std flag decides
+    peakedness, and the bottleneck is not guessed from the (negative) sensitivities."""
+    make_run(tmp_path, 1, 3, STEPS, seed=14, gains=None, peaked_entropy=False, xsink=False)
+    rf = fit_run(tmp_path, n_boot=NB)
+    b = rf.verdict["bottleneck"]
+    assert b["peaked_criteria"] == {"attention": ["peaked"], "lm_head": ["peaked"]}
+    assert b["n_peaked"] == 2  # the concentrating and the saturated head
+    assert b["verdict"] == vocab.BOTTLENECK_UNDETERMINED
+    assert "cannot be computed without gains" in b["reason"]
+    assert rf.sites["sensitivity"].min() < -0.01  # measured, and not used
+    assert b["kinds"]["attention"]["share"] is None and b["kinds"]["attention"]["gain_verdict"] is None
+
+
+def test_nothing_peaked_by_logit_std_alone_is_not_none(tmp_path) -> None:
+    kinds = {(0, h): "diffuse" for h in range(3)}
+    make_run(tmp_path, 1, 3, STEPS, seed=15, kinds=kinds, lm_head_kind="diffuse",
+             peaked_entropy=False)
+    b = fit_run(tmp_path, n_boot=50).verdict["bottleneck"]
+    assert b["verdict"] == vocab.BOTTLENECK_UNDETERMINED and "no peaked_entropy" in b["reason"]
+
+
 def test_many_null_heads_do_not_make_a_verdict(tmp_path) -> None:
     """40 peaked heads, each with a true gain share exactly at the threshold (the null's edge)
     and noise: unadjusted one-sided tests call some of them large; Benjamini-Hochberg calls

@@ -19,7 +19,9 @@ second half of the window in log time) and a multiple-comparison control over si
 Bottleneck verdict (`decide`), in this order:
 
 1. no peakedness metric at all: ``undetermined``;
-2. no site peaked: ``none`` — "no softmax is peaked: the 1/3 mechanism does not apply";
+2. no site peaked: ``none`` — "no softmax is peaked: the 1/3 mechanism does not apply" — when
+   both criteria were measured; by the logit-std flag alone (older runs without
+   ``peaked_entropy``) ``undetermined``, since that flag misses near-deterministic softmaxes;
 3. no `gain` metric in the results: ``undetermined`` (the verdict is never guessed from the
    sign of a sensitivity); no loss-law fit (no L - L0): ``undetermined``;
 4. the candidate kinds are the peaked kinds with a significant gain share: some peaked site
@@ -98,7 +100,8 @@ def describe_kind(name: str, k: dict) -> str:
 
 
 def decide(kinds: dict[str, dict], *, has_peaked_metric: bool, has_gain: bool, has_loss: bool,
-           fdr: float = vocab.FDR, share_min: float = vocab.GAIN_SHARE_MIN) -> tuple[str, str]:
+           has_entropy_criterion: bool = True, fdr: float = vocab.FDR,
+           share_min: float = vocab.GAIN_SHARE_MIN) -> tuple[str, str]:
     """(verdict, reason) from the per-kind blocks of fits.json (module docstring)."""
     peaked = [name for name, k in kinds.items() if k["peaked"]]
     counts = "; ".join(f"{KIND_NAMES.get(n, n)}: {k['n_peaked']} of {k['n_sites']} sites peaked"
@@ -107,6 +110,11 @@ def decide(kinds: dict[str, dict], *, has_peaked_metric: bool, has_gain: bool, h
         return vocab.BOTTLENECK_UNDETERMINED, (
             "the results carry no peakedness metric (peaked / peaked_entropy), so whether the "
             "1/3 mechanism applies cannot be judged")
+    if not peaked and not has_entropy_criterion:
+        return vocab.BOTTLENECK_UNDETERMINED, (
+            "no softmax is peaked by its logit std, but the results carry no peaked_entropy "
+            "(the entropy-equivalent beta_eff criterion, which catches near-deterministic "
+            f"softmaxes whose logit std stays low): re-sweep to decide ({counts})")
     if not peaked:
         return vocab.BOTTLENECK_NONE, f"{NOT_PEAKED} ({counts})"
     if not has_gain:

@@ -368,7 +368,7 @@ def _kind_block(members: pd.DataFrame, rep: pd.Series | None, significant: bool,
         "site": str(rep["label"]) if rep is not None else None, "significant": significant,
         **{k: get(k) for k in ("share", "share_lo", "share_hi", "q_share", "alpha_gain",
                                "alpha_gain_lo", "alpha_gain_hi")},
-        "gain_verdict": str(rep["gain_verdict"]) if rep is not None else vocab.INCONCLUSIVE,
+        "gain_verdict": str(rep["gain_verdict"]) if rep is not None else None,
         "alpha_growth": f(growth.get("alpha", math.nan)), "alpha_growth_lo": a_lo,
         "alpha_growth_hi": a_hi, "growth_verdict": judge_third(a_lo, a_hi, band),
         "growth_of": growth_of,
@@ -443,7 +443,8 @@ def _document(*, axis: str, band: tuple[float, float], win: window.Window, t: np
         flags.append("failed_checkpoints")
     has_peaked = bool(sites["peaked"].notna().any())
     verdict, reason = classify.decide(kinds, has_peaked_metric=has_peaked, has_gain=has_gain,
-                                      has_loss=loss is not None)
+                                      has_loss=loss is not None,
+                                      has_entropy_criterion=vocab.PEAKED_ENTROPY in available)
     heads = sites[sites["site_kind"] == vocab.ATTN]
     cls = heads["site_class"]
     return {

@@ -7,8 +7,9 @@ import math
 
 from peakprobe import vocab
 
-from .classify import KIND_NAMES
 from .run import RunFits
+
+KIND_LABELS = {vocab.BOTTLENECK_ATTENTION: "attention", vocab.BOTTLENECK_LM_HEAD: "LM head"}
 
 
 def _num(v: float | None, fmt: str = ".3f") -> str:
@@ -65,8 +66,9 @@ def format_summary(run_fits: RunFits, n_sites: int = 5) -> str:
         if k["share"] is None:
             continue
         lines.append(
-            f"  {KIND_NAMES.get(name, name)} ({k['site']}): share {_pct(k['share'])} "
-            f"[{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] of L - L0; gain alpha "
+            f"  {KIND_LABELS.get(name, name)}: share {_pct(k['share'])} "
+            f"[{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] of L - L0 (gain of {k['site']}); "
+            "gain alpha "
             f"{_num(k['alpha_gain'])} [{_num(k['alpha_gain_lo'])}, {_num(k['alpha_gain_hi'])}] "
             f"-> {k['gain_verdict']}; growth alpha {_num(k['alpha_growth'])} "
             f"[{_num(k['alpha_growth_lo'])}, {_num(k['alpha_growth_hi'])}] -> "
