@@ -386,6 +386,21 @@ def test_no_peaked_softmax_is_said_prominently(tmp_path):
     assert paths.summary_md.read_text().splitlines()[2].startswith("> **No softmax is peaked.**")
 
 
+def test_nothing_peaked_by_logit_std_alone_is_not_called_absent(tmp_path):
+    """Without the entropy criterion, nothing peaked by logit std is fit's ``undetermined``, and
+    the page says the run cannot rule the mechanism out."""
+    run_dir = tmp_path / "run"
+    kinds = {(0, h): "diffuse" for h in range(2)}
+    _fitted(run_dir, n_layers=1, n_heads=2, n_checkpoints=24, seed=2, kinds=kinds,
+            lm_head_kind="diffuse", peaked_entropy=False)
+    paths = render_report(run_dir)
+    s = _strict_json(paths.summary_json)
+    assert s["bottleneck"]["verdict"] != BOTTLENECK_NONE and s["peakedness"]["any_peaked"] is False
+    html_text = paths.html.read_text()
+    banner = html_text[html_text.index('id="no-peaked"'):].split("</p>", 1)[0]
+    assert "cannot show that the 1/3 mechanism is absent" in banner and "does not apply" not in banner
+
+
 def test_encoder_without_lm_head_and_an_unfitted_head(tmp_path):
     """No LM head (an encoder), and one head that fit skipped: the report still renders."""
     run_dir = tmp_path / "run"

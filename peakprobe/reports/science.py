@@ -316,6 +316,7 @@ def peakedness_block(run: RunData, heads: pd.DataFrame) -> dict:
         any_peaked = table_peaked if any_measured else None
     used = {str(k): [str(x) for x in v] for k, v in (b.get("peaked_criteria") or {}).items()}
     rule = f"at least {PEAKED_FRACTION:.0%} of its rows above sqrt(2 ln n), n = its options"
+    entropy_measured = any(c["measured"] for c in criteria if c["metric"] == PEAKED_ENTROPY)
     if any_peaked is None:
         statement = "Peakedness was not measured in this run."
     elif any_peaked:
@@ -323,11 +324,17 @@ def peakedness_block(run: RunData, heads: pd.DataFrame) -> dict:
             f"A softmax counts as peaked at the last checkpoint when {rule}. The 1/3 mechanism "
             "applies only to peaked softmaxes."
         )
-    else:
+    elif entropy_measured or b.get("verdict") == BOTTLENECK_NONE:
         statement = (
             f"At the last checkpoint no attention head and not the LM head is peaked ({rule}, "
             "under either criterion). The 1/3 mechanism — a softmax sharpening toward a peaked "
             "target — does not apply to this model, whatever the fitted exponents say."
+        )
+    else:
+        statement = (
+            f"At the last checkpoint no softmax is peaked by its logit std ({rule}), but the "
+            "entropy-equivalent criterion was not measured: a near-deterministic softmax can keep "
+            "a low logit std, so this run cannot show that the 1/3 mechanism is absent."
         )
     return {
         "measured": any_measured,
@@ -362,7 +369,7 @@ def integrity_block(run: RunData) -> dict:
             "step": _step(steps, rev, f.get("step", e.get("step"))),
             "same_as": [str(x) for x in (f.get("duplicates") or e.get("duplicates") or [])],
             "files": [str(x) for x in f.get("files") or []],
-            "whole": f.get("whole") if isinstance(f.get("whole"), bool) else None,
+            "whole": next((w for w in (f.get("whole"), e.get("whole")) if isinstance(w, bool)), None),
             "excluded": rev in excluded,
             "reason": str(e.get("reason")) if e.get("reason") else None,
         })
