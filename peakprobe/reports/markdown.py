@@ -85,7 +85,7 @@ def heads_line(b: dict) -> str:
         f"{_n(b['n_concentrating'])} concentrating, {_n(b['n_saturated'])} saturated, "
         f"{_n(b['n_diffuse'])} diffuse"
     )
-    if b["n_share_significant"] is not None:
+    if b["n_share_significant"] is not None and any(k["share"] is not None for k in b["kinds"]):
         parts.append(
             f"{_n(b['n_share_significant'])} sites with a gain share significantly above "
             f"{_pct(b['share_min'])} (Benjamini-Hochberg, FDR {_n(b['fdr'])})"

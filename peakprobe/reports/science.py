@@ -315,7 +315,7 @@ def peakedness_block(run: RunData, heads: pd.DataFrame) -> dict:
     else:
         any_peaked = table_peaked if any_measured else None
     used = {str(k): [str(x) for x in v] for k, v in (b.get("peaked_criteria") or {}).items()}
-    rule = f"at least {PEAKED_FRACTION:.0%} of its rows above sqrt(2 ln n), n = its options"
+    rule = f"at least {PEAKED_FRACTION:.0%} of its rows lie above sqrt(2 ln n), n = its options"
     entropy_measured = any(c["measured"] for c in criteria if c["metric"] == PEAKED_ENTROPY)
     if any_peaked is None:
         statement = "Peakedness was not measured in this run."
