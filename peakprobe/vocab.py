@@ -132,6 +132,12 @@ BOTTLENECK_LM_HEAD = "lm_head"
 BOTTLENECK_NONE = "none"
 BOTTLENECK_UNDETERMINED = "undetermined"
 
+
+class PeakprobeWarning(UserWarning):
+    """Base class of every warning peakprobe issues; the command line shows these by default
+    (one line each, ``peakprobe: warning: ...``) and hides other libraries' warnings."""
+
+
 # -- the bottleneck answer from gains (fits) ------------------------------------------------------
 #: the logit magnitudes whose growth exponents are judged against 1/3 (the rest are descriptive)
 MAGNITUDE_METRICS: tuple[str, ...] = (

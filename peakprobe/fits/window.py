@@ -18,7 +18,8 @@ Loss scan: the loss law refitted with the window starting at later checkpoints, 
 leaving >= 5 points over at least a decade of t (SCAN_MIN_SPAN; shorter windows cannot tell
 alpha from L0), at most SCAN_MAX starts evenly spaced in log time; the scan drifts when two
 starts give disjoint 90% intervals, leaving out starts whose L0 lands on a bound of [0, min L]
-(there alpha is not identified; such rows carry ``L0_at_bound``).
+(there alpha is not identified; such rows carry ``L0_at_bound``). Each scanned fit uses at
+most SCAN_BOOT bootstrap resamples.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ WARMUP_FRACTION = 0.01
 SPIKE_NOISE_UNITS = 4.0
 SPIKE_MIN = 0.005  # in log loss: a 0.5% jump
 SCAN_MAX = 16
+SCAN_BOOT = 200  # resamples per scanned fit at most (the scan is many loss fits; 200 suffice
+# for 90% intervals good to a few % of their width)
 SCAN_MIN_SPAN = 10.0  # a scanned window spans at least a decade of t (else alpha, L0 blur)
 
 
@@ -176,7 +179,7 @@ def loss_scan(t: np.ndarray, loss: np.ndarray, steps: np.ndarray, *, n_boot: int
     rows = []
     for i in scan_starts(t):
         try:
-            f = fit_loss_law(t[i:], loss[i:], n_boot=n_boot, seed=seed)
+            f = fit_loss_law(t[i:], loss[i:], n_boot=min(n_boot, SCAN_BOOT), seed=seed)
         except FitError:
             continue
         rows.append({"t_min": float(t[i]), "step_min": int(steps[i]), "n_points": f.n_points,
