@@ -25,12 +25,11 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from peakprobe import results, vocab
+from peakprobe import results
 
 from .common import FitError, noise_scale
 from .curve import window_scan
@@ -53,14 +52,8 @@ class Window:
 
 
 def read_duplicates(run_dir: str | os.PathLike) -> dict[str, dict]:
-    """The ``flagged`` mapping of RUN/integrity.json (revision -> record); empty when absent."""
-    reader = getattr(results, "read_integrity", None)
-    if reader is not None:
-        return dict(reader(run_dir))
-    path = Path(run_dir) / vocab.INTEGRITY
-    if not path.exists():
-        return {}
-    return dict(results.read_json(path).get("flagged") or {})
+    """The checkpoints integrity.json flags (revision -> record); empty when absent."""
+    return dict(results.read_integrity(run_dir))
 
 
 def excluded_records(flagged: dict[str, dict], present: pd.DataFrame) -> list[dict]:
