@@ -15,7 +15,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from peakprobe import vocab
 from peakprobe.hooks.attribution import attribute
 from peakprobe.hooks.beta import beta_attention
-from peakprobe.hooks.search import minimize_log_beta, quadratic_estimate
+from peakprobe.hooks.search import DELTA, minimize_log_beta, quadratic_estimate
 from peakprobe.probes import MaskSpec
 
 
@@ -150,28 +150,48 @@ def test_group_gains_match_a_brute_force_grid(neox, site):
     assert x == pytest.approx(x_grid, abs=5e-3 if abs(x_grid) < 3 else 0)
 
 
-def test_single_head_estimates_are_within_ten_percent_of_the_exact_search(neox):
+def test_head_estimate_is_the_local_quadratic_model_and_is_compared_with_the_search(neox):
+    """The default single-head gain is g^2 / (2h) from the exact slope and the secant curvature
+    over [0, -sign(g) * DELTA], both checked against the reference loss. The comparison with
+    the exact 1-D search is printed (docs/attribution.md quotes it): on tiny random or briefly
+    trained models most heads' optima lie far from beta = 1, where no local estimate holds."""
     model, ids, mask, df = neox
-    errors = []
+    errors, n_nan = [], 0
     for layer in range(model.config.num_hidden_layers):
         for head in range(model.config.num_attention_heads):
             def fn(x, layer=layer, head=head):
                 return reference_loss(model, ids, mask, _head_factors(model, layer, head, math.exp(x)))
             f0 = fn(0.0)
             g = _value(df, vocab.ATTN, layer, head, vocab.SENSITIVITY)
-            exact = minimize_log_beta(fn, f0, g, xtol=1e-6).gain
+            h = _value(df, vocab.ATTN, layer, head, vocab.CURVATURE)
             est = _value(df, vocab.ATTN, layer, head, vocab.GAIN)
-            print(f"head ({layer}, {head}): estimate {est:.3e}, search {exact:.3e}")
-            if math.isnan(est):  # h <= 0: no estimate
-                assert _value(df, vocab.ATTN, layer, head, vocab.CURVATURE) <= 0
-                continue
-            if exact > 1e-4:
-                errors.append(abs(est - exact) / exact)
-            else:
-                assert est < 2e-4
-    print("relative errors where the gain exceeds 1e-4:", [round(e, 4) for e in errors])
-    assert len(errors) >= 3
-    assert max(errors) < 0.10, errors
+            x1 = -math.copysign(DELTA, g) if g != 0 else DELTA  # the secant's definition
+            assert h == pytest.approx(2 * (fn(x1) - f0 - g * x1) / x1**2, rel=1e-6, abs=1e-9)
+            if h > 0:
+                assert est == pytest.approx(g * g / (2 * h), rel=1e-12)
+            elif g != 0:
+                assert math.isnan(est)
+            exact = minimize_log_beta(fn, f0, g, xtol=1e-6)
+            print(f"head ({layer}, {head}): estimate {est:.3e}, search {exact.gain:.3e} at log beta {exact.x:+.2f}")
+            if math.isnan(est):
+                n_nan += 1
+            elif exact.gain > 1e-4:
+                errors.append(abs(est - exact.gain) / exact.gain)
+    print(f"estimate vs search where the gain exceeds 1e-4: relative errors "
+          f"{[round(x, 3) for x in errors]}; {n_nan} heads with h <= 0 (no estimate)")
+
+
+@pytest.mark.parametrize("layer, head", [(0, 0), (1, 2)])
+def test_head_search_matches_a_brute_force_grid(neox, layer, head):
+    model, ids, mask, _ = neox
+    df = attribute(model, [(ids, mask)], heads="search")
+
+    def fn(x):
+        return reference_loss(model, ids, mask, _head_factors(model, layer, head, math.exp(x)))
+    x_grid, f_grid = _grid_min(fn)
+    gain = _value(df, vocab.ATTN, layer, head, vocab.GAIN)
+    assert gain == pytest.approx(fn(0.0) - f_grid, abs=1e-6)
+    assert gain > 1e-3
 
 
 def test_attribution_leaves_the_model_as_it_was():
@@ -196,7 +216,7 @@ def test_softcapped_logits_get_beta_after_the_softcap():
     model = tiny_model("gemma2_softcap")
     ids, _ = left_padded_batch(pads=(0, 0, 0))  # (Gemma-2 eager itself gives NaN on padded rows)
     mask = torch.ones_like(ids)
-    df = attribute(model, [(ids, mask)], heads=False)
+    df = attribute(model, [(ids, mask)], heads="off")
     eps = 1e-4
     for layer in (0, 1):
         up = reference_loss(model, ids, mask, _head_factors(model, layer, None, 1 + eps))

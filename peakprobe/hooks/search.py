@@ -180,7 +180,7 @@ def minimize_log_beta(
     return SearchResult(best, pts[best], f0, g0, h, len(pts) - 1, at_bound, False)
 
 
-def describe_attribution(windows: int, heads: bool) -> dict:
+def describe_attribution(windows: int, heads: str) -> dict:
     """The attribution method, as recorded in the run manifest."""
     lo, hi = LOG_BETA_BOUNDS
     return {
@@ -191,7 +191,11 @@ def describe_attribution(windows: int, heads: bool) -> dict:
         "groups": "search: lm_head, attn_layer, attn_all by a secant step, a Newton jump and "
                   f"safeguarded parabolic interpolation on log beta in [{lo:g}, {hi:g}] (xtol "
                   f"{XTOL:g}), then both bounds checked; lm_head after a 13-point scan",
-        "heads": ("estimate: G = g^2 / (2 h), g by autograd, h the secant over "
-                  f"[0, -sign(g) * {DELTA:g}]; gain NaN where h <= 0") if heads else "sensitivity only",
+        "heads": {
+            "estimate": "estimate: G = g^2 / (2 h), g by autograd, h the secant over "
+                        f"[0, -sign(g) * {DELTA:g}]; gain NaN where h <= 0",
+            "search": "search, as the groups",
+            "off": "sensitivity only",
+        }[heads],
         "curvature": f"lm_head closed form; attention the secant over [0, -sign(g) * {DELTA:g}]",
     }
