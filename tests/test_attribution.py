@@ -211,6 +211,10 @@ def test_attribution_leaves_the_model_as_it_was():
     with torch.no_grad():
         after = model(input_ids=ids, attention_mask=mask).logits
     assert torch.equal(before, after)
+    with pytest.raises(ValueError, match="no next-token targets"):  # restored after an error too
+        attribute(model, [(ids[:, :1], mask[:, :1])])
+    assert model.config._attn_implementation == original
+    assert not [k for k in AttentionInterface._global_mapping if k.startswith("peakprobe")]
 
 
 def test_softcapped_logits_get_beta_after_the_softcap():
