@@ -76,18 +76,38 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--chunk", type=int, default=32, help="query rows per logits block (default 32, fastest on CPU)")
     m.add_argument("--stats-dtype", choices=["float32", "float64"], default="float32")
     m.add_argument("--no-sensitivity", action="store_true",
-                   help="skip d(loss)/d(log beta) per site (saves a backward pass per batch)")
+                   help="skip the attribution (d loss / d log beta, curvature, optimal-temperature gain "
+                   "per site); same as --attribution-windows 0")
+    m.add_argument("--attribution-windows", type=int, default=4, metavar="N",
+                   help="run the attribution on the first N evaluation windows (default 4; 0 = off)")
+    m.add_argument("--no-head-gains", action="store_true",
+                   help="attribution: groups and the LM head only (single heads get their sensitivity)")
     m.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
     m.add_argument("--no-prefetch", action="store_true", help="do not load the next checkpoint ahead")
     p.add_argument("--processes", type=int, default=1, help="split checkpoints over N local processes")
     p.add_argument("--force", action="store_true", help="discard an existing run in --out and start over")
 
 
+def _band(text: str) -> tuple[float, float]:
+    """--band LO,HI: the equivalence band around 1/3 of the three-way verdicts."""
+    from .fits.third import check_band
+
+    try:
+        return check_band(tuple(float(v) for v in text.split(",")))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (e.g. --band 0.25,0.42)") from None
+
+
 def _add_fit_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fitting")
     g.add_argument("--time-axis", choices=["auto", "tau", "step"], default="auto")
-    g.add_argument("--t-min", type=float, help="window start (default: past warmup)")
-    g.add_argument("--t-max", type=float, help="window end (default: last checkpoint)")
+    g.add_argument("--t-min", type=float, help="window start in time-axis units (default: the "
+                   "family's start step, e.g. 512 for Pythia, else past warmup)")
+    g.add_argument("--t-max", type=float, help="window end in time-axis units (default: last checkpoint)")
+    g.add_argument("--t-min-step", type=int, help="window start as a step")
+    g.add_argument("--t-max-step", type=int, help="window end as a step")
+    g.add_argument("--band", type=_band, default=None, metavar="LO,HI",
+                   help="equivalence band around 1/3 for the verdicts (default 0.25,0.42)")
     g.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     g.add_argument("--seed", type=int, default=0)
 
@@ -156,7 +176,9 @@ def _sweep_kwargs(args, command: str) -> dict:
     from .sweep import SweepConfig
 
     probe = ProbeConfig(chunk=args.chunk, dtype=args.stats_dtype,
-                        sensitivity=not args.no_sensitivity, backend=args.backend)
+                        sensitivity=not args.no_sensitivity, backend=args.backend,
+                        attribution_windows=args.attribution_windows,
+                        attribution_heads=not args.no_head_gains)
     config = SweepConfig(
         batch_size=args.batch_size, dtype=args.dtype, device=args.device, device_map=args.device_map,
         allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
@@ -171,8 +193,12 @@ def _sweep_kwargs(args, command: str) -> dict:
 
 
 def _fit_kwargs(args) -> dict:
+    from .vocab import BAND
+
     return dict(time_axis=args.time_axis, t_min=args.t_min, t_max=args.t_max,
-                n_boot=args.n_boot, seed=args.seed, progress=not args.quiet)
+                t_min_step=args.t_min_step, t_max_step=args.t_max_step,
+                band=args.band or BAND, n_boot=args.n_boot, seed=args.seed,
+                progress=not args.quiet)
 
 
 def _say(args, text: str) -> None:

@@ -29,6 +29,7 @@ from . import results
 from .checkpoints_index import Checkpoint, CheckpointSequence
 from .data import EvalData
 from .hooks import ProbeConfig, UnsupportedModelError, attach
+from .hooks.attribution import attribute
 from .version import __version__
 
 DTYPES = {
@@ -174,7 +175,9 @@ def prepare_run_dir(run_dir: Path, manifest: dict, *, force: bool) -> None:
 
 
 def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = False, desc: str = "") -> pd.DataFrame:
-    """Per-site statistics of one loaded model over all evaluation windows (tidy frame)."""
+    """Per-site statistics of one loaded model over all evaluation windows (tidy frame), plus the
+    attribution metrics (sensitivity, curvature, gain, log_beta_opt) over the first
+    ``config.probe.attribution_windows`` windows when ``config.probe.attribution``."""
     n_batches = -(-data.n_windows // config.batch_size)
     with attach(model, config.probe) as probe:
         for ids, mask in tqdm(
@@ -182,7 +185,16 @@ def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = 
             disable=not progress, unit="batch",
         ):
             probe.run_batch(ids, mask)
-        return probe.to_frame()
+        frame = probe.to_frame()
+    if not config.probe.attribution:
+        return frame
+    n = min(config.probe.attribution_windows, data.n_windows)
+    ids, mask, bs = data.input_ids[:n], data.attention_mask[:n], config.batch_size
+    subset = [(ids[i : i + bs], mask[i : i + bs]) for i in range(0, n, bs)]  # (b, T) each
+    extra = attribute(model, subset, heads=config.probe.attribution_heads, progress=progress,
+                      desc=f"{desc} attribution".strip())
+    frame = pd.concat([frame, extra], ignore_index=True)
+    return frame.sort_values(["site_kind", "layer", "head", "metric"], kind="stable").reset_index(drop=True)
 
 
 def _tidy(frame: pd.DataFrame, seq: CheckpointSequence, ckpt: Checkpoint) -> pd.DataFrame:
