@@ -59,6 +59,21 @@ def load_tokenizer(seq, tokenizer: str | None = None):
         ) from exc
 
 
+def _model_config(seq, config):
+    """The config of the first selected checkpoint (small; read before any weights load)."""
+    from transformers import AutoConfig
+
+    from .data import DataError
+
+    first = list(seq)[0]
+    where = first.path or seq.source
+    try:
+        return AutoConfig.from_pretrained(where, revision=None if first.path else first.revision,
+                                          trust_remote_code=config.trust_remote_code)
+    except Exception as exc:
+        raise DataError(f"cannot read the model config of {where} ({type(exc).__name__})") from exc
+
+
 def _sweep_worker(payload: dict, rank: int, world: int):
     import torch
 
@@ -77,8 +92,9 @@ def sweep(
     *,
     data: str = "embedded",
     n_windows: int = 64,
-    window: int = 256,
+    window: int | None = None,
     text_field: str = "text",
+    layout: str = "document",
     tokenizer: str | None = None,
     n: int | None = None,
     spacing: str = "log",
@@ -96,7 +112,7 @@ def sweep(
     ``config`` is a :class:`peakprobe.sweep.SweepConfig`; ``processes > 1`` splits the
     checkpoints over that many local processes (one GPU each when there are GPUs).
     """
-    from .data import load_eval_data
+    from .data import load_eval_data, window_for
     from .sweep import SweepConfig, SweepSummary, build_manifest, prepare_run_dir
     from .sweep import sweep as run_sweep
 
@@ -106,8 +122,10 @@ def sweep(
 
         check_hub_reachable(seq.source)
     config = config or SweepConfig()
+    window = window_for(_model_config(seq, config), window)
     tok = load_tokenizer(seq, tokenizer)
-    eval_data = load_eval_data(data, tok, n_windows=n_windows, window=window, text_field=text_field)
+    eval_data = load_eval_data(data, tok, n_windows=n_windows, window=window,
+                               text_field=text_field, layout=layout)
     kwargs = dict(seq=seq, data=eval_data, run_dir=Path(out), config=config, command=command)
     if processes <= 1:
         return run_sweep(force=force, progress=progress, **kwargs)

@@ -64,7 +64,11 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                    help="'embedded', a .txt/.jsonl file, or hf:NAME[:CONFIG]:SPLIT (default embedded)")
     d.add_argument("--text-field", default="text", help="JSONL / dataset text field (default text)")
     d.add_argument("--n-windows", type=int, default=64, help="evaluation windows (default 64)")
-    d.add_argument("--window", type=int, default=256, help="tokens per window (default 256)")
+    d.add_argument("--window", type=int, default=None,
+                   help="tokens per window (default 1024, clamped to the model's maximum positions)")
+    d.add_argument("--layout", choices=["document", "packed"], default="document",
+                   help="one document per window, right-padded (default, as the 1/3 papers), or "
+                   "documents packed into full windows")
     d.add_argument("--tokenizer", help="tokenizer folder (default: the checkpoint's own)")
     m = p.add_argument_group("loading and probing")
     m.add_argument("--batch-size", type=int, default=8)
@@ -186,6 +190,7 @@ def _sweep_kwargs(args, command: str) -> dict:
     )
     return dict(
         data=args.data, n_windows=args.n_windows, window=args.window, text_field=args.text_field,
+        layout=args.layout,
         tokenizer=args.tokenizer, n=args.select, spacing=args.spacing, steps=args.steps,
         step_range=args.step_range, revisions=args.revisions, config=config,
         processes=args.processes, force=args.force, progress=not args.quiet, command=command,
@@ -246,14 +251,13 @@ def _dispatch(args, command: str) -> int:
         _say(args, f"report: {paths.html}")
         return 0
     if args.command == "run":
-        summary = api.sweep(args.source, args.out, **_sweep_kwargs(args, command))
-        status = _sweep_status(args, summary)
         from .fits import format_summary
 
-        fits = api.fit(args.out, **_fit_kwargs(args))
-        _say(args, format_summary(fits))
-        paths = api.report(args.out, command=command)
-        _say(args, f"report: {paths.html}")
+        result = api.run(args.source, args.out, fit_kwargs=_fit_kwargs(args),
+                         **_sweep_kwargs(args, command))
+        status = _sweep_status(args, result.sweep)
+        _say(args, format_summary(result.fits))
+        _say(args, f"report: {result.report.html}")
         return status
     if args.command == "demo":
         from .fits import format_summary
@@ -279,12 +283,36 @@ def _dispatch(args, command: str) -> int:
         if args.which == "peaked":
             summary = peaked_softmax.cli_peaked(out, optimizer=args.optimizer, steps=args.steps,
                                                 seed=args.seed, progress=not args.quiet)
+            _say(args, peaked_softmax.format_peaked(summary))
         else:
             summary = linear_attention.cli_linear(out, quick=args.quick, seed=args.seed,
                                                   progress=not args.quiet)
-        _say(args, f"toy {args.which}: results in {out} ({len(summary)} summary entries)")
+            _say(args, linear_attention.format_linear(summary))
+        _say(args, f"plots and summary.json: {out}")
         return 0
     raise AssertionError(args.command)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    text = str(message).strip().splitlines()
+    print(f"peakprobe: warning: {text[0] if text else category.__name__}", file=sys.stderr)
+
+
+def _route_warnings(args) -> None:
+    """Default: peakprobe's own warnings once each, as one line; other libraries' hidden.
+    -q hides all of them; -v shows every warning with its origin."""
+    if args.verbose:
+        warnings.simplefilter("default")
+        return
+    warnings.filterwarnings("ignore")
+    if not args.quiet:
+        from .vocab import PeakprobeWarning
+
+        warnings.filterwarnings("default", category=PeakprobeWarning)
+        warnings.showwarning = _one_line_warning  # restored by catch_warnings in main
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,13 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
     command = "peakprobe " + shlex.join(argv)
-    if not args.verbose:
-        warnings.filterwarnings("ignore")
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
     try:
-        return _dispatch(args, command)
+        with warnings.catch_warnings():
+            _route_warnings(args)
+            return _dispatch(args, command)
     except KeyboardInterrupt:
         print("peakprobe: interrupted; finished checkpoints are kept, re-run to resume", file=sys.stderr)
         return 1

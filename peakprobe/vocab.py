@@ -144,3 +144,8 @@ MAGNITUDE_METRICS: tuple[str, ...] = (
 GAIN_SHARE_MIN = 0.1
 #: the false-discovery rate of the Benjamini-Hochberg control over sites
 FDR = 0.1
+
+
+class PeakprobeWarning(UserWarning):
+    """Base class of every warning peakprobe issues; the command line shows these by default
+    (one line each, ``peakprobe: warning: ...``) and hides other libraries' warnings."""

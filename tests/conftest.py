@@ -19,8 +19,8 @@ from transformers import (
 )
 
 from peakprobe import results
+from peakprobe.corpus import build_tokenizer
 from peakprobe.data import EvalData, token_hash
-from peakprobe.toy.corpus import build_tokenizer
 
 VOCAB = 97
 
