@@ -81,13 +81,15 @@ def test_bayes_loss_matches_a_monte_carlo_estimate():
     assert planted.bayes_loss(PlantedConfig(task=LM_HEAD_TASK)) == 0.0
 
 
+@pytest.mark.parametrize("layout", ["document", "packed"])
 @pytest.mark.parametrize("task", planted.TASKS)
-def test_eval_file_reads_back_as_exactly_the_generated_sequences(tmp_path, task):
-    cfg = PlantedConfig(task=task)
+def test_eval_file_reads_back_as_exactly_the_generated_sequences(tmp_path, task, layout):
+    cfg = PlantedConfig.for_task(task)
     path = planted.write_eval_jsonl(tmp_path / "eval.jsonl", cfg, n_seqs=16)
     tok = planted.build_tokenizer(cfg)
-    data = load_eval_data(str(path), tok, n_windows=16, window=cfg.seq_len)
+    data = load_eval_data(str(path), tok, n_windows=16, window=cfg.seq_len, layout=layout)
     np.testing.assert_array_equal(data.input_ids.numpy(), planted.eval_sequences(cfg, 16) + 1)
+    assert bool(data.attention_mask.all())
 
 
 @pytest.mark.parametrize("bad", [
@@ -124,3 +126,64 @@ def test_quick_training_writes_a_deterministic_checkpoint_sequence(tmp_path):
     other = planted.train_planted(tmp_path / "b", cfg, progress=False)
     same = (out / "step60" / "model.safetensors").read_bytes() == (other / "step60" / "model.safetensors").read_bytes()
     assert same
+
+
+
+# Why the verdict does not (yet) name the planted softmax: measured, see docs/planted.md.
+_VERDICT_GAP = {
+    LM_HEAD_TASK: "the LM head is near-deterministic but its logit std stays below sqrt(2 ln n) "
+    "(loss ~1e-4 at the end), so it is peaked only by the entropy criterion (peaked_entropy), "
+    "which this sweep does not measure yet: the verdict is undetermined",
+    ATTENTION_TASK: "the cued head concentrates within ~100 updates; after that neither softmax's "
+    "temperature holds the loss back (attention gain ~1% of L - L0; the rest is the copy readout), "
+    "so no peaked softmax has a significant share: the verdict is undetermined",
+}
+
+
+@pytest.fixture(scope="module")
+def planted_runs(tmp_path_factory):
+    """Each planted task trained, swept, fitted and reported once through the CLI."""
+    from peakprobe.cli import main
+
+    runs = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        for task in planted.TASKS:
+            out = tmp_path_factory.mktemp(f"planted-{task}")
+            assert main(["toy", "planted", "--task", task, "--out", str(out), "-q"]) == 0
+            runs[task] = out
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", planted.TASKS)
+def test_planted_run_shows_the_planted_structure(planted_runs, task):
+    """The probes and gains see what was planted, and the verdict never names the other softmax."""
+    from peakprobe import results
+
+    run = planted_runs[task] / "run"
+    fits = json.loads((run / "fits.json").read_text())
+    df = results.read_results(run)
+    end = df[df.step == df.step.max()].set_index(["site_kind", "layer", "head", "metric"])["value"]
+    lm_max_prob = end[("lm_head", -1, -1, "max_prob")]
+    attn_max_prob = end.xs("max_prob", level="metric").xs("attn", level="site_kind")
+    kinds = fits["bottleneck"]["kinds"]
+    if task == LM_HEAD_TASK:
+        assert lm_max_prob > 0.99  # the one-hot successor is learned
+        assert kinds["lm_head"]["share_lo"] > fits["bottleneck"]["share_min"]  # G carries L - L0
+        assert kinds["attention"]["share_hi"] < 0.01  # attention is irrelevant
+    else:
+        assert lm_max_prob < 0.7  # half the targets are noise: far from peaked
+        assert attn_max_prob.max() > 0.9  # the cued head concentrates on one key
+        assert kinds["lm_head"]["peaked"] is False
+    other = {LM_HEAD_TASK: "attention", ATTENTION_TASK: "lm_head"}[task]
+    assert fits["bottleneck"]["verdict"] != other
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", [
+    pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=_VERDICT_GAP[t])) for t in planted.TASKS
+])
+def test_planted_run_verdict_names_the_planted_softmax(planted_runs, task):
+    fits = json.loads((planted_runs[task] / "run" / "fits.json").read_text())
+    assert fits["bottleneck"]["verdict"] == planted.planted_site(PlantedConfig.for_task(task))
