@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     plain = ProbeConfig(sensitivity=False, backend="torch")
     full = ProbeConfig(backend="torch", attribution_windows=args.attribution_windows)
     groups = ProbeConfig(backend="torch", attribution_windows=args.attribution_windows,
-                         attribution_heads=False)
+                         attribution_heads="off")
     run(plain)()  # warm-up
     rows = [
         ("forward-only sweep (baseline)", _best_time(run(plain), args.repeats)),

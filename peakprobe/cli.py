@@ -84,8 +84,9 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                    "per site); same as --attribution-windows 0")
     m.add_argument("--attribution-windows", type=int, default=4, metavar="N",
                    help="run the attribution on the first N evaluation windows (default 4; 0 = off)")
-    m.add_argument("--no-head-gains", action="store_true",
-                   help="attribution: groups and the LM head only (single heads get their sensitivity)")
+    m.add_argument("--head-gains", choices=["estimate", "search", "off"], default="estimate",
+                   help="single heads' gains: the local quadratic estimate (default, one loss "
+                   "evaluation a head), the exact search (about six), or off (sensitivity only)")
     m.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
     m.add_argument("--no-prefetch", action="store_true", help="do not load the next checkpoint ahead")
     p.add_argument("--processes", type=int, default=1, help="split checkpoints over N local processes")
@@ -182,7 +183,7 @@ def _sweep_kwargs(args, command: str) -> dict:
     probe = ProbeConfig(chunk=args.chunk, dtype=args.stats_dtype,
                         sensitivity=not args.no_sensitivity, backend=args.backend,
                         attribution_windows=args.attribution_windows,
-                        attribution_heads=not args.no_head_gains)
+                        attribution_heads=args.head_gains)
     config = SweepConfig(
         batch_size=args.batch_size, dtype=args.dtype, device=args.device, device_map=args.device_map,
         allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,

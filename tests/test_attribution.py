@@ -15,14 +15,15 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from peakprobe import vocab
 from peakprobe.hooks.attribution import attribute
 from peakprobe.hooks.beta import beta_attention
-from peakprobe.hooks.search import minimize_log_beta, quadratic_estimate
+from peakprobe.hooks.search import DELTA, minimize_log_beta, quadratic_estimate
 from peakprobe.probes import MaskSpec
 
 
 # -- an independent reference: eager attention with per-layer, per-head factors on the logits ----
-def reference_loss(model, ids, mask, factors: dict[int, torch.Tensor], lm_factor: float = 1.0) -> float:
+def reference_loss(model, ids, mask, factors: dict[int, torch.Tensor], lm_factor: float = 1.0,
+                   scale_sink: bool = True) -> float:
     """Mean next-token loss with layer l's head-h logits (after softcap, before the mask) times
-    factors[l][h] (a sink logit too) and the LM logits times lm_factor."""
+    factors[l][h] (a sink logit too, unless not scale_sink) and the LM logits times lm_factor."""
 
     def scaled(module, query, key, value, attention_mask, scaling=None, softcap=None, s_aux=None, **kw):
         groups = query.shape[1] // key.shape[1]
@@ -37,7 +38,7 @@ def reference_loss(model, ids, mask, factors: dict[int, torch.Tensor], lm_factor
         if attention_mask is not None:
             z = z + attention_mask
         if s_aux is not None:
-            sink = (s_aux * f).view(1, -1, 1, 1).expand(z.shape[0], -1, z.shape[2], 1)
+            sink = (s_aux * f if scale_sink else s_aux).view(1, -1, 1, 1).expand(z.shape[0], -1, z.shape[2], 1)
             z = torch.cat([z, sink], dim=-1)
         p = torch.softmax(z, dim=-1)[..., : k.shape[2]]
         return (p @ v).transpose(1, 2).contiguous(), None
@@ -150,28 +151,48 @@ def test_group_gains_match_a_brute_force_grid(neox, site):
     assert x == pytest.approx(x_grid, abs=5e-3 if abs(x_grid) < 3 else 0)
 
 
-def test_single_head_estimates_are_within_ten_percent_of_the_exact_search(neox):
+def test_head_estimate_is_the_local_quadratic_model_and_is_compared_with_the_search(neox):
+    """The default single-head gain is g^2 / (2h) from the exact slope and the secant curvature
+    over [0, -sign(g) * DELTA], both checked against the reference loss. The comparison with
+    the exact 1-D search is printed (docs/attribution.md quotes it): on tiny random or briefly
+    trained models most heads' optima lie far from beta = 1, where no local estimate holds."""
     model, ids, mask, df = neox
-    errors = []
+    errors, n_nan = [], 0
     for layer in range(model.config.num_hidden_layers):
         for head in range(model.config.num_attention_heads):
             def fn(x, layer=layer, head=head):
                 return reference_loss(model, ids, mask, _head_factors(model, layer, head, math.exp(x)))
             f0 = fn(0.0)
             g = _value(df, vocab.ATTN, layer, head, vocab.SENSITIVITY)
-            exact = minimize_log_beta(fn, f0, g, xtol=1e-6).gain
+            h = _value(df, vocab.ATTN, layer, head, vocab.CURVATURE)
             est = _value(df, vocab.ATTN, layer, head, vocab.GAIN)
-            print(f"head ({layer}, {head}): estimate {est:.3e}, search {exact:.3e}")
-            if math.isnan(est):  # h <= 0: no estimate
-                assert _value(df, vocab.ATTN, layer, head, vocab.CURVATURE) <= 0
-                continue
-            if exact > 1e-4:
-                errors.append(abs(est - exact) / exact)
-            else:
-                assert est < 2e-4
-    print("relative errors where the gain exceeds 1e-4:", [round(e, 4) for e in errors])
-    assert len(errors) >= 3
-    assert max(errors) < 0.10, errors
+            x1 = -math.copysign(DELTA, g) if g != 0 else DELTA  # the secant's definition
+            assert h == pytest.approx(2 * (fn(x1) - f0 - g * x1) / x1**2, rel=1e-6, abs=1e-9)
+            if h > 0:
+                assert est == pytest.approx(g * g / (2 * h), rel=1e-12)
+            elif g != 0:
+                assert math.isnan(est)
+            exact = minimize_log_beta(fn, f0, g, xtol=1e-6)
+            print(f"head ({layer}, {head}): estimate {est:.3e}, search {exact.gain:.3e} at log beta {exact.x:+.2f}")
+            if math.isnan(est):
+                n_nan += 1
+            elif exact.gain > 1e-4:
+                errors.append(abs(est - exact.gain) / exact.gain)
+    print(f"estimate vs search where the gain exceeds 1e-4: relative errors "
+          f"{[round(x, 3) for x in errors]}; {n_nan} heads with h <= 0 (no estimate)")
+
+
+@pytest.mark.parametrize("layer, head", [(0, 0), (1, 2)])
+def test_head_search_matches_a_brute_force_grid(neox, layer, head):
+    model, ids, mask, _ = neox
+    df = attribute(model, [(ids, mask)], heads="search")
+
+    def fn(x):
+        return reference_loss(model, ids, mask, _head_factors(model, layer, head, math.exp(x)))
+    x_grid, f_grid = _grid_min(fn)
+    gain = _value(df, vocab.ATTN, layer, head, vocab.GAIN)
+    assert gain == pytest.approx(fn(0.0) - f_grid, abs=1e-6)
+    assert gain > 1e-3
 
 
 def test_attribution_leaves_the_model_as_it_was():
@@ -190,19 +211,23 @@ def test_attribution_leaves_the_model_as_it_was():
     with torch.no_grad():
         after = model(input_ids=ids, attention_mask=mask).logits
     assert torch.equal(before, after)
+    with pytest.raises(ValueError, match="no next-token targets"):  # restored after an error too
+        attribute(model, [(ids[:, :1], mask[:, :1])])
+    assert model.config._attn_implementation == original
+    assert not [k for k in AttentionInterface._global_mapping if k.startswith("peakprobe")]
 
 
 def test_softcapped_logits_get_beta_after_the_softcap():
     model = tiny_model("gemma2_softcap")
     ids, _ = left_padded_batch(pads=(0, 0, 0))  # (Gemma-2 eager itself gives NaN on padded rows)
     mask = torch.ones_like(ids)
-    df = attribute(model, [(ids, mask)], heads=False)
-    eps = 1e-4
+    df = attribute(model, [(ids, mask)], heads="off")
+    eps = 1e-2  # Gemma-2's RMSNorm rounds through float32: a smaller step differences noise
     for layer in (0, 1):
         up = reference_loss(model, ids, mask, _head_factors(model, layer, None, 1 + eps))
         down = reference_loss(model, ids, mask, _head_factors(model, layer, None, 1 - eps))
         assert _value(df, vocab.ATTN_LAYER, layer, -1, vocab.SENSITIVITY) == pytest.approx(
-            (up - down) / (2 * eps), rel=1e-5)
+            (up - down) / (2 * eps), rel=2e-3)
     x_grid, f_grid = _grid_min(lambda x: reference_loss(model, ids, mask, _head_factors(model, 1, None, math.exp(x))))
     f0 = reference_loss(model, ids, mask, {})
     assert _value(df, vocab.ATTN_LAYER, 1, -1, vocab.GAIN) == pytest.approx(f0 - f_grid, abs=1e-6)
@@ -244,3 +269,31 @@ def test_search_finds_the_closed_form_minimum():
     assert math.isnan(concave.gain) and math.isnan(concave.x) and concave.curvature < 0
     flat = quadratic_estimate(lambda x: 1.0, 1.0, 0.0)
     assert flat.gain == 0.0 and flat.x == 0.0
+
+
+def test_gpt_oss_sinks_take_part_in_the_tempered_softmax():
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    torch.manual_seed(0)
+    cfg = GptOssConfig(vocab_size=97, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=1,
+                       num_experts_per_tok=1, sliding_window=5, max_position_embeddings=128,
+                       layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
+                       bos_token_id=1, eos_token_id=2)
+    # one expert: with several, top-k routing flips make L(beta) jump and finite differences fail
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()  # (MoE: no float64)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0, 2.0)
+    ids, _ = left_padded_batch(pads=(0, 0, 0))
+    df = attribute(model, [(ids, None)], heads="off")
+    eps = 0.05
+    for layer in (0, 1):
+        fd = (reference_loss(model, ids, None, _head_factors(model, layer, None, math.exp(eps)))
+              - reference_loss(model, ids, None, _head_factors(model, layer, None, math.exp(-eps)))) / (2 * eps)
+        sens = _value(df, vocab.ATTN_LAYER, layer, -1, vocab.SENSITIVITY)
+        assert sens == pytest.approx(fd, rel=2e-2)
+        unscaled = (reference_loss(model, ids, None, _head_factors(model, layer, None, math.exp(eps)), scale_sink=False)
+                    - reference_loss(model, ids, None, _head_factors(model, layer, None, math.exp(-eps)),
+                                     scale_sink=False)) / (2 * eps)
+        assert sens != pytest.approx(unscaled, rel=2e-1)  # the sink's temperature matters here

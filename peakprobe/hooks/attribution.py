@@ -10,8 +10,9 @@ fixed, L(x) is the mean next-token cross-entropy over the attribution windows. P
   attention the one-sided secant over [0, -sign(g) * delta] (see ``search``);
 * ``gain`` G = L(0) - min_x L(x), and ``log_beta_opt`` the minimiser: a 1-D search for the LM
   head (on its cached logits, no re-forward), each layer's heads together and all heads
-  together; for single heads the quadratic estimate g^2 / (2h), with the search instead where
-  h <= 0.
+  together. Single heads (``heads``): ``"estimate"`` (default) the local quadratic estimate
+  g^2 / (2h) from one evaluation (NaN where h <= 0), ``"search"`` the same search as the
+  groups (about six evaluations a head), ``"off"`` the sensitivity only.
 
 Cost: evaluations for a beta on layer l re-run only layers l.. on top of the outputs of the
 layers below, cached once per batch (the decoder layers are found as the ``ModuleList`` whose
@@ -42,7 +43,8 @@ from .search import SearchResult, minimize_log_beta, quadratic_estimate
 
 _names = itertools.count()
 LM_SCAN = tuple(x / 2 for x in range(-6, 7))  # log beta -3 .. 3: the LM head's loss is cheap
-GROUP_EVALS = 12  # loss evaluations at most per group search
+GROUP_EVALS = 12  # loss evaluations at most per search
+HEAD_MODES = ("estimate", "search", "off")
 Batch = tuple[torch.Tensor, torch.Tensor | None]
 
 
@@ -290,13 +292,15 @@ def attribute(
     model: torch.nn.Module,
     batches: Sequence[Batch],
     *,
-    heads: bool = True,
+    heads: str = "estimate",
     progress: bool = False,
     desc: str = "attribution",
 ) -> pd.DataFrame:
     """Attribution metrics of every site over ``batches`` (tidy: site_kind, layer, head, metric,
-    value, n_rows; n_rows = next-token targets). ``heads=False`` keeps single heads to their
-    sensitivity. The model is unchanged afterwards."""
+    value, n_rows; n_rows = next-token targets). ``heads``: "estimate", "search" or "off" (see
+    the module doc). The model is unchanged afterwards."""
+    if heads not in HEAD_MODES:
+        raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
     was_training = model.training
     model.eval()
     try:
@@ -309,12 +313,12 @@ def attribute(
         model.train(was_training)
 
 
-def _attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: bool, progress: bool,
+def _attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: str, progress: bool,
                       desc: str) -> pd.DataFrame:
     n, f0 = run.n_tokens, run.loss0
     layers = sorted(grads)
     like = run.logits[0]
-    n_sites = 2 + len(layers) + (sum(len(grads[i]) for i in layers) if heads else 0)
+    n_sites = 2 + len(layers) + (sum(len(grads[i]) for i in layers) if heads != "off" else 0)
     bar = tqdm(total=n_sites, desc=desc, leave=False, disable=not progress, unit="site")
     rows: list[tuple] = []
 
@@ -328,12 +332,17 @@ def _attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: bo
     for layer in layers:
         g = grads[layer]
         n_h = len(g)
-        for head in range(n_h) if heads else ():
+        for head in range(n_h) if heads != "off" else ():
             def f(x, layer=layer, head=head, n_h=n_h):
                 return run.loss({layer: _beta_vector(n_h, x, head, like)}, layer)
-            rows += _rows(vocab.ATTN, layer, head, quadratic_estimate(f, f0, float(g[head])), n)
+            slope = float(g[head])
+            if heads == "search":
+                r = minimize_log_beta(f, f0, slope, ftol=ftol, max_evals=GROUP_EVALS)
+            else:
+                r = quadratic_estimate(f, f0, slope)
+            rows += _rows(vocab.ATTN, layer, head, r, n)
             bar.update(1)
-        if not heads:
+        if heads == "off":
             rows += [(vocab.ATTN, layer, h, vocab.SENSITIVITY, float(v), n) for h, v in enumerate(g.tolist())]
 
         def f(x, layer=layer, n_h=n_h):

@@ -44,7 +44,9 @@ class ProbeConfig:
         per site; ``peakprobe.hooks.attribution``) when a model is probed over windows
         (``sweep.probe_model``); ``attach`` itself never does.
     attribution_windows: the first N evaluation windows the attribution runs on (0 = off).
-    attribution_heads: also estimate every single head's gain (the costliest part).
+    attribution_heads: single heads' gains: "estimate" (the local quadratic estimate, one
+        loss evaluation a head), "search" (the exact 1-D search, about six), "off" (sensitivity
+        only).
     backend: "torch", "triton" (forced; on CPU it needs TRITON_INTERPRET=1) or "auto" (the
         Triton kernel for CUDA tensors when triton is installed, torch otherwise).
     lm_chunk: token positions per block of LM-head logits.
@@ -56,11 +58,14 @@ class ProbeConfig:
     backend: str = "auto"
     lm_chunk: int = 512
     attribution_windows: int = 4
-    attribution_heads: bool = True
+    attribution_heads: str = "estimate"
 
     def __post_init__(self) -> None:
         if self.attribution_windows < 0:
             raise ValueError(f"attribution windows must be >= 0, got {self.attribution_windows}")
+        if self.attribution_heads not in ("estimate", "search", "off"):
+            raise ValueError("attribution heads must be estimate, search or off, got "
+                             f"{self.attribution_heads!r}")
 
     @property
     def attribution(self) -> bool:

@@ -6,10 +6,13 @@ or closed form). The first evaluation is always one small step ``delta`` downhil
 h = 2 (f(x1) - f0 - g0 x1) / x1^2, the curvature that is reported.
 
 ``quadratic_estimate`` stops there: G = g0^2 / (2 h), x* = -g0 / h (clipped to the bounds).
-``minimize_log_beta`` goes on: a Newton jump x = -g0 / h, then safeguarded successive parabolic
-interpolation through the bracketing triple around the best point (golden-section steps when a
-parabola is concave or lands outside the bracket; doubling steps downhill while no bracket
-exists), until the parabola's vertex lies within ``xtol`` of the best point. The search never
+``minimize_log_beta`` goes on: a Newton jump x = -g0 / h (straight to the downhill bound when
+h <= 0), then safeguarded successive parabolic interpolation through the bracketing triple
+around the best point (golden-section steps when a parabola is concave or lands outside the
+bracket; doubling steps downhill while no bracket exists), until the parabola's vertex lies
+within ``xtol`` of the best point or promises less than ``ftol``; a best point on a bound is
+checked once against the point ``delta`` inside it; then both bounds are evaluated and the
+search continues from a bound that is lower. The search never
 leaves [lo, hi]; a minimum on a bound is reported as such (``at_bound``), its gain a lower bound.
 Pure Python: no torch.
 """
@@ -93,16 +96,18 @@ def _parabola_at(p, q, r, x: float) -> float:
 
 
 def _next_point(pts: dict[float, float], lo: float, hi: float, delta: float, xtol: float,
-                ftol: float) -> tuple[float | None, bool]:
-    """The next x to evaluate (None: stop) and whether it is the last one."""
+                ftol: float, moves: list[float]) -> tuple[float | None, bool]:
+    """The next x to evaluate (None: stop) and whether it is the last one. ``moves``: the
+    distances of the bracketed proposals so far from the then best point (appended to)."""
     xs = sorted(pts)
     i = min(range(len(xs)), key=lambda j: pts[xs[j]])
     b = xs[i]
     if i == 0 or i == len(xs) - 1:  # no bracket yet
         n = xs[1] if i == 0 else xs[-2]
         if b in (lo, hi):  # on a bound: a boundary minimum unless a point just inside is lower
-            inward = b + math.copysign(min(delta, abs(n - b) / 2), n - b)
-            return (inward, False) if inward not in pts and abs(inward - b) > xtol else (None, True)
+            if abs(n - b) <= delta * (1 + 1e-9):
+                return None, True
+            return b + math.copysign(delta, n - b), False
         if pts[b] == pts[n]:  # flat: nothing to follow
             return None, True
         step = b - n
@@ -118,12 +123,17 @@ def _next_point(pts: dict[float, float], lo: float, hi: float, delta: float, xto
         return None, True
     trio = (left, pts[left]), (b, pts[b]), (right, pts[right])
     v = _vertex(*trio)
-    if v is not None and left < v < right:
+    # Brent's safeguard: a parabolic step must be under half the step before last, else the
+    # steps creep (a far bracket end) and a golden-section step is taken instead
+    creeping = len(moves) >= 2 and v is not None and abs(v - b) > 0.5 * moves[-2]
+    if v is not None and left < v < right and not creeping:
         if abs(v - b) < 1e-12:
             return None, True
-        last = abs(v - b) < xtol or pts[b] - _parabola_at(*trio, v) < ftol
+        last = abs(v - b) < xtol or (right - left < 0.5 and pts[b] - _parabola_at(*trio, v) < ftol)
+        moves.append(abs(v - b))
         return v, last
     gold = b + _GOLD * (right - b) if right - b > b - left else b - _GOLD * (b - left)
+    moves.append(abs(gold - b))
     return gold, False
 
 
@@ -156,7 +166,9 @@ def minimize_log_beta(
             return SearchResult(0.0, f0, f0, g0, h, len(pts) - 1, False, False)
     for x in scan:
         ev(x)
-    u: float | None = (-g0 / h if h > 0 else 4.0 * x1) if not scan else None
+    # Newton from the secant curvature; concave at 0: straight to the downhill bound
+    u: float | None = (-g0 / h if h > 0 else (hi if x1 > 0 else lo)) if not scan else None
+    moves: list[float] = []
     for round_ in range(2):
         last = False
         while len(pts) - 1 < max_evals:
@@ -164,7 +176,7 @@ def minimize_log_beta(
                 ev(u)
             if last:
                 break
-            u, last = _next_point(pts, lo, hi, delta, xtol, ftol)
+            u, last = _next_point(pts, lo, hi, delta, xtol, ftol, moves)
             if u is None:
                 break
         if round_ or not check_bounds:
@@ -180,7 +192,7 @@ def minimize_log_beta(
     return SearchResult(best, pts[best], f0, g0, h, len(pts) - 1, at_bound, False)
 
 
-def describe_attribution(windows: int, heads: bool) -> dict:
+def describe_attribution(windows: int, heads: str) -> dict:
     """The attribution method, as recorded in the run manifest."""
     lo, hi = LOG_BETA_BOUNDS
     return {
@@ -191,7 +203,11 @@ def describe_attribution(windows: int, heads: bool) -> dict:
         "groups": "search: lm_head, attn_layer, attn_all by a secant step, a Newton jump and "
                   f"safeguarded parabolic interpolation on log beta in [{lo:g}, {hi:g}] (xtol "
                   f"{XTOL:g}), then both bounds checked; lm_head after a 13-point scan",
-        "heads": ("estimate: G = g^2 / (2 h), g by autograd, h the secant over "
-                  f"[0, -sign(g) * {DELTA:g}]; gain NaN where h <= 0") if heads else "sensitivity only",
+        "heads": {
+            "estimate": "estimate: G = g^2 / (2 h), g by autograd, h the secant over "
+                        f"[0, -sign(g) * {DELTA:g}]; gain NaN where h <= 0",
+            "search": "search, as the groups",
+            "off": "sensitivity only",
+        }[heads],
         "curvature": f"lm_head closed form; attention the secant over [0, -sign(g) * {DELTA:g}]",
     }
