@@ -313,11 +313,12 @@ def test_loss_scan_flags_drift(tmp_path) -> None:
     scan = rf.verdict["loss_scan"]
     assert scan["drift"] and "loss_alpha_drift" in rf.verdict["flags"]
     assert scan["rows"][0]["alpha"] > scan["rows"][-1]["alpha"]
+    assert any(r["drift"] for r in scan["rows"])
     for r in scan["rows"]:
-        assert r["n_points"] >= 5 and 10 * r["t_min"] <= rf.t_max
+        assert r["n_points"] >= 10 and 30 * r["t_min"] <= rf.t_max
     make_run(tmp_path / "pure", 1, 3, STEPS, seed=10, loss_noise=0.002)
     rf = fit_run(tmp_path / "pure", n_boot=NB)
-    assert not rf.verdict["loss_scan"]["drift"] and len(rf.verdict["loss_scan"]["rows"]) >= 5
+    assert not rf.verdict["loss_scan"]["drift"] and len(rf.verdict["loss_scan"]["rows"]) >= 3
 
 
 def test_duplicates_are_excluded_and_spikes_flagged(tmp_path) -> None:

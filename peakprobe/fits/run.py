@@ -241,7 +241,7 @@ def fit_run(
 
     loss_series = values[loss_row, keep] if loss_row is not None else np.array([])
     spikes = window.spikes(loss_series, steps, t, ck["revision"].to_numpy()[keep])
-    scan = (window.loss_scan(t, loss_series, steps, n_boot=n_boot, seed=seed, band=band)
+    scan = (window.loss_scan(t, loss_series, steps, loss_fit, n_boot=n_boot, seed=seed, band=band)
             if loss_fit is not None else {"drift": False, "rows": []})
     doc = _document(
         axis=axis, band=band, win=win, t=t, steps=steps, excluded=excluded, spikes=spikes,

@@ -54,7 +54,7 @@ def format_summary(run_fits: RunFits, n_sites: int = 5) -> str:
         scan = doc["loss_scan"]["rows"]
         if scan:
             alphas = [r["alpha"] for r in scan if r["alpha"] is not None]
-            drift = ("DRIFTS (two window starts give disjoint intervals)"
+            drift = ("DRIFTS: a later start's interval misses the full window's"
                      if doc["loss_scan"]["drift"] else "no drift")
             lines.append(f"loss alpha vs window start: {min(alphas):.3f} to {max(alphas):.3f} "
                          f"over {len(scan)} starts ({drift})")

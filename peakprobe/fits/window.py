@@ -14,11 +14,10 @@ more than SPIKE_NOISE_UNITS noise standard deviations (noise from second differe
 least SPIKE_MIN (0.5%), and by more than an adjacent candidate does; spikes are listed and
 flagged, and still fitted (the Huber loss bounds their pull).
 
-Loss scan: the loss law refitted with the window starting at later checkpoints, each start
-leaving >= 5 points over at least a decade of t (SCAN_MIN_SPAN; shorter windows cannot tell
-alpha from L0), at most SCAN_MAX starts evenly spaced in log time; the scan drifts when two
-starts give disjoint 90% intervals, leaving out starts whose L0 lands on a bound of [0, min L]
-(there alpha is not identified; such rows carry ``L0_at_bound``).
+Loss scan: `curve.window_scan`, the scan external loss curves get too: the loss law refitted
+with the window start moved later (each window keeps at least 10 checkpoints and 1.5 decades
+of t), at most SCAN_BOOT bootstrap resamples per refit; a start drifts when its 90% interval
+does not overlap the full window's.
 """
 
 from __future__ import annotations
@@ -26,24 +25,21 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from peakprobe import results, vocab
+from peakprobe import results
 
 from .common import FitError, noise_scale
+from .curve import window_scan
 from .growth import MIN_POINTS
-from .loss import MIN_POINTS as LOSS_MIN_POINTS
-from .loss import fit_loss_law
-from .third import judge_third
+from .loss import LossFit
 
 WARMUP_FRACTION = 0.01
 SPIKE_NOISE_UNITS = 4.0
 SPIKE_MIN = 0.005  # in log loss: a 0.5% jump
-SCAN_MAX = 16
-SCAN_MIN_SPAN = 10.0  # a scanned window spans at least a decade of t (else alpha, L0 blur)
+SCAN_BOOT = 200  # resamples per scanned fit at most (the scan is several loss fits)
 
 
 @dataclass
@@ -56,14 +52,8 @@ class Window:
 
 
 def read_duplicates(run_dir: str | os.PathLike) -> dict[str, dict]:
-    """The ``flagged`` mapping of RUN/integrity.json (revision -> record); empty when absent."""
-    reader = getattr(results, "read_integrity", None)
-    if reader is not None:
-        return dict(reader(run_dir))
-    path = Path(run_dir) / vocab.INTEGRITY
-    if not path.exists():
-        return {}
-    return dict(results.read_json(path).get("flagged") or {})
+    """The checkpoints integrity.json flags (revision -> record); empty when absent."""
+    return dict(results.read_integrity(run_dir))
 
 
 def excluded_records(flagged: dict[str, dict], present: pd.DataFrame) -> list[dict]:
@@ -155,40 +145,16 @@ def spikes(loss: np.ndarray, steps: np.ndarray, t: np.ndarray,
             for i in np.flatnonzero(hit)]
 
 
-def scan_starts(t: np.ndarray) -> list[int]:
-    """Window-start indices into t (n,) leaving >= 5 points over at least a decade of t, at
-    most SCAN_MAX, evenly spaced in log t."""
-    span_ok = np.flatnonzero(t[-1] / t >= SCAN_MIN_SPAN)
-    last = min(len(t) - LOSS_MIN_POINTS, int(span_ok[-1]) if len(span_ok) else -1)
-    if last < 0:
-        return []
-    cand = np.arange(last + 1)
-    if len(cand) <= SCAN_MAX:
-        return [int(i) for i in cand]
-    targets = np.linspace(math.log(t[0]), math.log(t[last]), SCAN_MAX)
-    picks = {int(np.argmin(np.abs(np.log(t[: last + 1]) - g))) for g in targets}
-    return sorted(picks)
-
-
-def loss_scan(t: np.ndarray, loss: np.ndarray, steps: np.ndarray, *, n_boot: int, seed: int,
-              band: tuple[float, float]) -> dict:
-    """fits.json's `loss_scan`: alpha(t_min) with intervals and verdicts; drift flag."""
-    rows = []
-    for i in scan_starts(t):
-        try:
-            f = fit_loss_law(t[i:], loss[i:], n_boot=n_boot, seed=seed)
-        except FitError:
-            continue
-        rows.append({"t_min": float(t[i]), "step_min": int(steps[i]), "n_points": f.n_points,
-                     "alpha": _num(f.alpha), "alpha_lo": _num(f.alpha_lo),
-                     "alpha_hi": _num(f.alpha_hi),
-                     "verdict": judge_third(f.alpha_lo, f.alpha_hi, band),
-                     "L0_at_bound": "L0_at_bound" in f.flags})
-    ok = [r for r in rows if not r["L0_at_bound"]]  # L0 at a bound: alpha is not identified
-    lo = [r["alpha_lo"] for r in ok if r["alpha_lo"] is not None]
-    hi = [r["alpha_hi"] for r in ok if r["alpha_hi"] is not None]
-    drift = bool(lo and hi and max(lo) > min(hi))
-    return {"drift": drift, "rows": rows}
+def loss_scan(t: np.ndarray, loss: np.ndarray, steps: np.ndarray, full: LossFit, *,
+              n_boot: int, seed: int, band: tuple[float, float]) -> dict:
+    """fits.json's `loss_scan`: alpha(t_min) with intervals and verdicts, from the same window
+    scan as external curves (`curve.window_scan`), and whether any start drifts."""
+    table = window_scan("", t, loss, steps, (full.alpha_lo, full.alpha_hi),
+                        n_boot=min(n_boot, SCAN_BOOT), seed=seed, band=band)
+    rows = [{"t_min": float(r.t_min), "step_min": int(r.t_min_step), "n_points": int(r.n_points),
+             "alpha": _num(r.alpha), "alpha_lo": _num(r.alpha_lo), "alpha_hi": _num(r.alpha_hi),
+             "verdict": str(r.verdict), "drift": bool(r.drift)} for r in table.itertuples()]
+    return {"drift": any(r["drift"] for r in rows), "rows": rows}
 
 
 def _num(v: float) -> float | None:
