@@ -208,6 +208,26 @@ def demo(out: str | os.PathLike = "peakprobe-demo", *, quick: bool = False, prog
     )
 
 
+def planted(out: str | os.PathLike, task: str, *, quick: bool = False, seed: int = 0,
+            steps: int | None = None, progress: bool = True, command: str | None = None) -> RunResult:
+    """Train (or reuse) a planted-bottleneck run (``peakprobe.toy.planted``), then sweep, fit and
+    report it: ``OUT/checkpoints/``, ``OUT/eval.jsonl``, ``OUT/run/``."""
+    from .hooks import ProbeConfig
+    from .sweep import SweepConfig
+    from .toy.planted import PlantedConfig, train_planted, write_eval_jsonl
+
+    out = Path(out)
+    cfg = PlantedConfig.quick(task) if quick else PlantedConfig.for_task(task)
+    model = replace(cfg.model, seed=seed, **({"steps": steps} if steps is not None else {}))
+    cfg = replace(cfg, model=model)
+    checkpoints = train_planted(out / "checkpoints", cfg, progress=progress)
+    n_windows = 16 if quick else 64
+    data = write_eval_jsonl(out / "eval.jsonl", cfg, n_seqs=n_windows)
+    return run(
+        str(checkpoints), out / "run", data=str(data), n_windows=n_windows, window=cfg.seq_len,
+        config=SweepConfig(batch_size=16, probe=ProbeConfig(sensitivity=True)), force=False,
+        progress=progress, command=command, fit_kwargs={"progress": progress},
+    )
 # -- compare and fit_curve: families of runs, external loss curves -------------------------------
 @dataclass
 class FitCurveResult:

@@ -24,7 +24,8 @@ EXAMPLES = {
     "report": "peakprobe report runs/mine",
     "run": "peakprobe run ./my-run --out runs/mine --data eval.txt",
     "demo": "peakprobe demo --out peakprobe-demo",
-    "toy": "peakprobe toy peaked --out toy-peaked\n  peakprobe toy linear --out toy-linear --quick",
+    "toy": "peakprobe toy peaked --out toy-peaked\n  peakprobe toy linear --out toy-linear --quick\n"
+    "  peakprobe toy planted --task attention --out planted-attention",
 }
 
 
@@ -252,12 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a shorter training run (for tests)")
 
     p = _parser_with_examples(sub, "toy", "the source papers' toy models")
-    p.add_argument("which", choices=["peaked", "linear"])
+    p.add_argument("which", choices=["peaked", "linear", "planted"])
     p.add_argument("--out", required=True)
     p.add_argument("--optimizer", choices=["sgd", "adam", "both"], default="both", help="peaked toy only")
-    p.add_argument("--steps", type=int, help="peaked toy: training steps")
-    p.add_argument("--quick", action="store_true", help="linear toy: a smaller run")
+    p.add_argument("--steps", type=int, help="peaked / planted toy: training steps")
+    p.add_argument("--quick", action="store_true", help="linear / planted toy: a smaller run")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--task", choices=["lm_head", "attention"], default="lm_head",
+                   help="planted toy: which softmax is the bottleneck by construction (default lm_head)")
     _add_compare_commands(sub)
     return parser
 
@@ -359,6 +362,16 @@ def _dispatch(args, command: str) -> int:
         from .toy import linear_attention, peaked_softmax
 
         out = Path(args.out)
+        if args.which == "planted":  # train, then sweep + fit + report; the verdict names a softmax
+            from .fits import format_summary
+
+            result = api.planted(out, args.task, quick=args.quick, seed=args.seed, steps=args.steps,
+                                 progress=not args.quiet, command=command)
+            _say(args, f"planted {args.task}: checkpoints in {out / 'checkpoints'}, "
+                       f"eval data {out / 'eval.jsonl'}, run in {result.run_dir}")
+            _say(args, format_summary(result.fits))
+            _say(args, f"report: {result.report.html}")
+            return _sweep_status(args, result.sweep) if result.sweep.failed else 0
         if args.which == "peaked":
             summary = peaked_softmax.cli_peaked(out, optimizer=args.optimizer, steps=args.steps,
                                                 seed=args.seed, progress=not args.quiet)
