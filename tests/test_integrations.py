@@ -195,14 +195,20 @@ def test_other_rank_writes_nothing_and_another_runs_folder_is_refused(tmp_path):
 def test_a_logit_std_jump_raises_a_warning_that_names_the_head(tmp_path, caplog):
     model = tiny_model("gpt_neox", dtype=torch.float32)
     monitor = Monitor(eval_windows(), tmp_path / "run", total_steps=2, model=model)
+
+    def sharpen_layer_1():
+        with torch.no_grad():  # queries and keys x2 (zero bias): the layer's logits x4
+            model.gpt_neox.layers[1].attention.query_key_value.weight.mul_(2.0)
+
     with caplog.at_level(logging.WARNING, logger="peakprobe.monitor"):
         monitor.step(0)
+        sharpen_layer_1()
+        monitor.step(1)  # growth away from the initialisation is not an anomaly
         assert not [r for r in caplog.records if "jump" in r.getMessage()]
-        with torch.no_grad():  # layer 1's queries and keys x2 (zero bias): its logits x4
-            model.gpt_neox.layers[1].attention.query_key_value.weight.mul_(2.0)
-        monitor.step(1)
-    jumps = [r.getMessage() for r in caplog.records if "logit-std jump at step 1" in r.getMessage()]
-    assert len(jumps) == 4 and all("attn L1 H" in m for m in jumps)
+        sharpen_layer_1()
+        monitor.step(2)
+    jumps = [r.getMessage() for r in caplog.records if "logit-std jump at step 2" in r.getMessage()]
+    assert len(jumps) == 4 and all("attn L1 H" in m and "since step 1" in m for m in jumps)
     assert not any("attn L0" in m for m in jumps)
     assert results.read_json(tmp_path / "run" / vocab.MONITOR_FILE)["alarms"] == monitor.alarms
 
@@ -249,3 +255,4 @@ def test_alarms_fire_on_crossing_the_documented_thresholds_only():
     still_collapsed = _frame(30, {(0, 0): 2.03, (0, 1): 1.98}, {(0, 0): 0.5, (0, 1): 0.01})
     assert alarms(b, still_collapsed) == []  # a head already collapsed is not named again
     assert alarms(None, b) == [found[0]]  # first probe: collapse only, nothing to jump from
+    assert alarms(a, b, jumps=False) == [found[0]]

@@ -152,7 +152,8 @@ class Monitor:
             ...; optimizer.step(); scheduler.step()
             monitor.step(step)          # cheap unless ``step`` is planned
 
-    ``log`` receives the summary scalars of each probe: a callable ``log(scalars, step)`` or
+    ``start``: the log-spaced probes begin there (give the warmup's end); logit-std jump alarms
+    compare only probes from there on. ``log`` receives the summary scalars of each probe: a callable ``log(scalars, step)`` or
     anything with ``add_scalar(tag, value, step)`` (a TensorBoard ``SummaryWriter``).
     ``schedule`` (a schedule.json record) only describes the run in the manifest (the fits
     start their window after its ``warmup_steps``); tau always comes from the recorded rates.
@@ -187,6 +188,7 @@ class Monitor:
         self.run_dir = Path(run_dir)
         self.total_steps = int(total_steps)
         self.planned = planned_steps(total_steps, n_points, start=start, every=every, steps=steps)
+        self.start = max(1, int(start))
         self._planned_set = set(self.planned)
         self.config = config or SweepConfig()
         self.name = name
@@ -312,7 +314,10 @@ class Monitor:
         seconds = time.perf_counter() - started
         self.probe_seconds += seconds
         self.done[step] = ckpt
-        for message in alarms(self._previous, tidy):
+        # logit std grows fast away from the initialisation and in warmup: compare only from
+        # the first log-spaced step (``start``, the warmup's end where known) on
+        jumps = self._previous is not None and int(self._previous["step"].iloc[0]) >= self.start
+        for message in alarms(self._previous, tidy, jumps=jumps):
             self.alarms.append(message)
             logger.warning("peakprobe: %s", message)
         self._previous = tidy

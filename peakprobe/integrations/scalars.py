@@ -17,7 +17,8 @@ Scalars (names are the logger's tags):
 Alarms compare a probe with the one before it (thresholds in ``vocab``):
 
 * attention-entropy collapse: a head's ``entropy_norm`` drops below ``ENTROPY_COLLAPSE``;
-* logit-std jump: a site's ``logit_std`` grows by more than ``LOGIT_STD_JUMP`` times.
+* logit-std jump: a site's ``logit_std`` grows by more than ``LOGIT_STD_JUMP`` times (the
+  Monitor checks this only between probes after the warmup, see ``Monitor``).
 """
 
 from __future__ import annotations
@@ -64,8 +65,11 @@ def summary_scalars(frame: pd.DataFrame, top_k: int = vocab.MONITOR_TOP_HEADS) -
     return out
 
 
-def alarms(previous: pd.DataFrame | None, frame: pd.DataFrame) -> list[str]:
-    """One-line warnings for this probe against the previous one (None at the first probe)."""
+def alarms(previous: pd.DataFrame | None, frame: pd.DataFrame, *, jumps: bool = True) -> list[str]:
+    """One-line warnings for this probe against the previous one (None at the first probe).
+
+    ``jumps=False`` checks only for collapse: the monitor compares logit stds only between
+    probes after the warmup, since growth away from the initialisation is no anomaly."""
     step = int(frame["step"].iloc[0]) if "step" in frame and len(frame) else -1
     found: list[str] = []
     now = _values(frame, vocab.ATTN, "entropy_norm")
@@ -77,7 +81,7 @@ def alarms(previous: pd.DataFrame | None, frame: pd.DataFrame) -> list[str]:
                 f"attention-entropy collapse at step {step}: {vocab.site_label(vocab.ATTN, layer, head)} "
                 f"entropy_norm {value:.4g} < ENTROPY_COLLAPSE {vocab.ENTROPY_COLLAPSE:g}"
             )
-    if previous is None:
+    if previous is None or not jumps:
         return found
     prev_step = int(previous["step"].iloc[0]) if "step" in previous and len(previous) else -1
     for kind in (vocab.ATTN, vocab.LM_HEAD):
