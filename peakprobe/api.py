@@ -153,6 +153,10 @@ def run(source: str, out: str | os.PathLike, *, fit_kwargs: dict | None = None, 
     return RunResult(Path(out), summary, fits, paths)
 
 
+#: evaluation windows of the full demo's live probes
+DEMO_WINDOWS = 8
+
+
 def demo(out: str | os.PathLike = "peakprobe-demo", *, quick: bool = False, progress: bool = True,
          command: str | None = None) -> RunResult:
     """Train (or reuse) the embedded tiny Pythia-style run with a live Monitor, then fit and report.
@@ -174,7 +178,10 @@ def demo(out: str | os.PathLike = "peakprobe-demo", *, quick: bool = False, prog
     tiny, run_dir = out / "tiny-pythia", out / "run"
     sweep_cfg = SweepConfig(batch_size=8, probe=ProbeConfig(sensitivity=True))
     tokenizer = corpus.build_tokenizer(model_max_length=max(2048, cfg.seq_len))
-    data = load_eval_data("embedded", tokenizer, n_windows=16 if quick else 32, window=cfg.seq_len)
+    # 8 windows x 256 tokens (2048 rows per head) keep 40 live probes near 10% of the training
+    # time (benchmarks/monitor.py); the same windows at every step, so no noise between steps
+    data = load_eval_data("embedded", tokenizer, n_windows=16 if quick else DEMO_WINDOWS,
+                          window=cfg.seq_len)
     monitor = Monitor(
         data, run_dir, total_steps=cfg.steps, start=max(1, cfg.warmup_steps), config=sweep_cfg,
         name=tiny.name, source=str(tiny.resolve()), schedule=cfg.schedule(), lr_max=cfg.lr_max,

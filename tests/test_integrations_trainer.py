@@ -140,6 +140,7 @@ def test_training_is_unchanged_by_the_callback(runs):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow  # two processes each load transformers and the Trainer: ~1.5 min on 2 busy cores
 def test_two_gloo_processes_probe_once_on_rank_zero(tmp_path):
     """torchrun starts two CPU processes (gloo DDP through the Trainer's accelerate); rank 0
     probes every planned step, rank 1 none, and rank 0's numbers are a sweep's of the model
