@@ -153,8 +153,9 @@ class Monitor:
             monitor.step(step)          # cheap unless ``step`` is planned
 
     ``start``: the log-spaced probes begin there (give the warmup's end); logit-std jump alarms
-    compare only probes from there on. ``log`` receives the summary scalars of each probe: a callable ``log(scalars, step)`` or
-    anything with ``add_scalar(tag, value, step)`` (a TensorBoard ``SummaryWriter``).
+    compare only probes from there on. ``log`` receives the summary scalars of each probe: a
+    callable ``log(scalars, step)`` or anything with ``add_scalar(tag, value, step)`` (a
+    TensorBoard ``SummaryWriter``).
     ``schedule`` (a schedule.json record) only describes the run in the manifest (the fits
     start their window after its ``warmup_steps``); tau always comes from the recorded rates.
     """
@@ -217,7 +218,9 @@ class Monitor:
     # -- set-up ------------------------------------------------------------------------------
     def watch(self, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None) -> None:
         """Probe ``model`` (a DDP wrapper is unwrapped) and record ``optimizer``'s learning rates."""
-        self.model = getattr(model, "module", model)
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module  # probe the module itself: no gradient sync, rank 0 alone
+        self.model = model
         if optimizer is not None and self._hook is None:
             inner = _inner_optimizer(optimizer)
             self._hook = inner.register_step_pre_hook(self._record_lr)
