@@ -17,12 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from peakprobe import corpus
 from peakprobe.api import DEMO_WINDOWS
 from peakprobe.data import load_eval_data
 from peakprobe.hooks import ProbeConfig
 from peakprobe.integrations import Monitor
 from peakprobe.sweep import SweepConfig
-from peakprobe.toy import corpus
 from peakprobe.toy.tiny_lm import TinyLMConfig, train_tiny_lm
 
 

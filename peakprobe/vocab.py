@@ -132,6 +132,10 @@ BOTTLENECK_LM_HEAD = "lm_head"
 BOTTLENECK_NONE = "none"
 BOTTLENECK_UNDETERMINED = "undetermined"
 
+class PeakprobeWarning(UserWarning):
+    """Base class of every warning peakprobe issues; the command line shows these by default
+    (one line each, ``peakprobe: warning: ...``) and hides other libraries' warnings."""
+
 # -- live probing during training (integrations/) ---------------------------------------------------
 #: probes over the planned training, log-spaced, by default (step 0 and the last step included)
 MONITOR_POINTS = 40

@@ -39,9 +39,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from peakprobe import corpus
 from peakprobe.checkpoints_index.schedules import WarmupCosine
 from peakprobe.results import read_json, write_json
-from peakprobe.toy import corpus
 
 MARKER = "tiny_lm.json"
 SCHEDULE = "schedule.json"
