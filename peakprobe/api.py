@@ -8,7 +8,7 @@ defaults. Heavy imports (torch, transformers, matplotlib) happen inside the func
 from __future__ import annotations
 
 import os
-import sys
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,11 @@ class RunResult:
 
 
 def _note(text: str) -> None:
-    """One line on stderr, also under -q (the CLI hides Python warnings unless -v)."""
-    print(f"peakprobe: note: {text}", file=sys.stderr)
+    """A one-line notice about the selection or the schedule: a PeakprobeWarning, which the CLI
+    prints as ``peakprobe: warning: ...`` (hidden by -q) and notebooks show as a warning."""
+    from .checkpoints_index import CheckpointIndexWarning
+
+    warnings.warn(text, CheckpointIndexWarning, stacklevel=3)
 
 
 def _resolve(source: str, schedule: str | None):
@@ -93,22 +96,6 @@ def index(
     return seq
 
 
-def _model_config(seq, config):
-    """The config of the first selected checkpoint (small; read before any weights load)."""
-    from transformers import AutoConfig
-
-    from .data import DataError
-
-    first = list(seq)[0]
-    where = first.path or seq.source
-    try:
-        return AutoConfig.from_pretrained(where, revision=None if first.path else first.revision,
-                                          trust_remote_code=config.trust_remote_code,
-                                          local_files_only=config.local_files_only)
-    except Exception as exc:
-        raise DataError(f"cannot read the model config of {where} ({type(exc).__name__})") from exc
-
-
 def sweep(
     source: str,
     out: str | os.PathLike,
@@ -145,7 +132,7 @@ def sweep(
 
     from .checkpoints_index import select_available
     from .data import DataError, load_eval_data, window_for
-    from .sweep import SweepConfig, load_tokenizer, parse_shard
+    from .sweep import SweepConfig, load_config, load_tokenizer, parse_shard
     from .sweep import sweep as run_sweep
 
     if isinstance(shard, str):
@@ -170,7 +157,8 @@ def sweep(
     config = config or SweepConfig()
     if offline:
         config = _replace(config, local_files_only=True)
-    window = window_for(_model_config(seq, config), window)
+    first = seq[0]
+    window = window_for(load_config(first.path or seq.source, first.revision, config), window)
     tok = load_tokenizer(seq, tokenizer, local_files_only=config.local_files_only)
     eval_data = load_eval_data(data, tok, n_windows=n_windows, window=window,
                                text_field=text_field, layout=layout)

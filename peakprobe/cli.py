@@ -93,11 +93,26 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="discard an existing run in --out and start over")
 
 
+def _band(text: str) -> tuple[float, float]:
+    """--band LO,HI: the equivalence band around 1/3 of the three-way verdicts."""
+    from .fits.third import check_band
+
+    try:
+        return check_band(tuple(float(v) for v in text.split(",")))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (e.g. --band 0.25,0.42)") from None
+
+
 def _add_fit_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fitting")
     g.add_argument("--time-axis", choices=["auto", "tau", "step"], default="auto")
-    g.add_argument("--t-min", type=float, help="window start (default: past warmup)")
-    g.add_argument("--t-max", type=float, help="window end (default: last checkpoint)")
+    g.add_argument("--t-min", type=float, help="window start in time-axis units (default: the "
+                   "family's start step, e.g. 512 for Pythia, else past warmup)")
+    g.add_argument("--t-max", type=float, help="window end in time-axis units (default: last checkpoint)")
+    g.add_argument("--t-min-step", type=int, help="window start as a step")
+    g.add_argument("--t-max-step", type=int, help="window end as a step")
+    g.add_argument("--band", type=_band, default=None, metavar="LO,HI",
+                   help="equivalence band around 1/3 for the verdicts (default 0.25,0.42)")
     g.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     g.add_argument("--seed", type=int, default=0)
 
@@ -189,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     verbosity = parser.add_mutually_exclusive_group()
-    verbosity.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summaries")
+    verbosity.add_argument("-q", "--quiet", action="store_true",
+                           help="no progress bars or summaries (warnings and errors still show)")
     verbosity.add_argument("-v", "--verbose", action="store_true", help="show warnings and tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -262,8 +278,12 @@ def _sweep_kwargs(args, command: str) -> dict:
 
 
 def _fit_kwargs(args) -> dict:
+    from .vocab import BAND
+
     return dict(time_axis=args.time_axis, t_min=args.t_min, t_max=args.t_max,
-                n_boot=args.n_boot, seed=args.seed, progress=not args.quiet)
+                t_min_step=args.t_min_step, t_max_step=args.t_max_step,
+                band=args.band or BAND, n_boot=args.n_boot, seed=args.seed,
+                progress=not args.quiet)
 
 
 def _say(args, text: str) -> None:
@@ -352,17 +372,17 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 def _route_warnings(args) -> None:
-    """Default: peakprobe's own warnings once each, as one line; other libraries' hidden.
-    -q hides all of them; -v shows every warning with its origin."""
+    """peakprobe's own warnings once each, as one line, also under -q (which silences progress
+    and summaries, not what a user must know); other libraries' warnings hidden unless -v,
+    which shows every warning with its origin."""
     if args.verbose:
         warnings.simplefilter("default")
         return
-    warnings.filterwarnings("ignore")
-    if not args.quiet:
-        from .vocab import PeakprobeWarning
+    from .vocab import PeakprobeWarning
 
-        warnings.filterwarnings("default", category=PeakprobeWarning)
-        warnings.showwarning = _one_line_warning  # restored by catch_warnings in main
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", category=PeakprobeWarning)
+    warnings.showwarning = _one_line_warning  # restored by catch_warnings in main
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()

@@ -27,20 +27,18 @@ def probe_folder(
     A folder without a config or a loadable tokenizer is a one-line error (FileNotFoundError /
     DataError), never a traceback. ``window=None`` is the default window fitted to the model's
     maximum positions (``data.window_for``)."""
-    from transformers import AutoConfig
-
     from .data import load_eval_data, window_for
     from .hooks import ProbeConfig
-    from .sweep import SweepConfig, load_model, load_tokenizer, probe_model
+    from .sweep import SweepConfig, load_config, load_model, load_tokenizer, probe_model
 
     folder = Path(model_dir)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a saved model folder (no config.json)")
     config = SweepConfig(allow_pickle=allow_pickle, prefetch=False,
                          probe=ProbeConfig(sensitivity=sensitivity))
-    window = window_for(AutoConfig.from_pretrained(folder), window)
-    data = load_eval_data(text, load_tokenizer(folder), n_windows=n_windows, window=window,
-                          layout=layout)
+    tok = load_tokenizer(folder)
+    window = window_for(load_config(str(folder), None, config), window)
+    data = load_eval_data(text, tok, n_windows=n_windows, window=window, layout=layout)
     model = load_model(str(folder), None, config, "cuda" if _cuda() else "cpu")
     return probe_model(model, data, config)
 

@@ -142,6 +142,24 @@ def load_model(source: str, revision: str | None, config: SweepConfig, device: s
     return model.eval()
 
 
+def load_config(source: str, revision: str | None, config: SweepConfig):
+    """The model config of one checkpoint (a small file, read before any weights), from the same
+    place ``load_model`` would load it; a one-line DataError when it cannot be read."""
+    from transformers import AutoConfig
+
+    kwargs: dict = {"trust_remote_code": config.trust_remote_code}
+    folder = Path(source).expanduser()
+    if folder.is_dir():
+        source, revision = str(folder), None
+    else:
+        kwargs.update(cache_dir=str(hub_cache_dir()), local_files_only=config.local_files_only)
+    try:
+        return AutoConfig.from_pretrained(source, revision=revision, **kwargs)
+    except Exception as exc:  # OSError, hub errors: one line
+        at = f"{source}@{revision}" if revision else source
+        raise DataError(f"cannot read the model config of {at} ({type(exc).__name__})") from exc
+
+
 def load_tokenizer(
     where: str | os.PathLike | CheckpointSequence,
     tokenizer: str | None = None,

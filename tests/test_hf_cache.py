@@ -108,7 +108,7 @@ def test_offline_steps_missing_from_the_cache_are_named_in_one_line(saved, hf_ho
                  "--data", str(text_file), *ARGS[:6], "-q"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert [line for line in err if "not in the HF cache" in line] == [
-        "peakprobe: note: 2 requested revisions are not in the HF cache and are skipped: step1000, step2000"]
+        "peakprobe: warning: 2 requested revisions are not in the HF cache and are skipped: step1000, step2000"]
     assert sorted(p.stem for p in (out / "checkpoints").glob("*.parquet")) == ["step1", "step4"]
     # nothing cached at all: one line, exit 2, nothing written
     assert main(["sweep", "EleutherAI/pythia-70m", "--out", str(tmp_path / "none"), "--select", "3",
@@ -224,5 +224,5 @@ def test_unreachable_hub_falls_back_to_the_cache_with_one_note(saved, hf_home, t
     assert main(["sweep", PYTHIA_ID, "--out", str(out), "--steps", "1,4", "--data", str(text_file),
                  *ARGS[:6], "-q"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"peakprobe: note: the hub is unreachable: using the revisions of {PYTHIA_ID} in the HF cache"]
+    assert err == [f"peakprobe: warning: the hub is unreachable: using the revisions of {PYTHIA_ID} in the HF cache"]
     assert sorted(p.stem for p in (out / "checkpoints").glob("*.parquet")) == ["step1", "step4"]
