@@ -188,24 +188,47 @@ def run(source: str, out: str | os.PathLike, *, fit_kwargs: dict | None = None, 
     return RunResult(Path(out), summary, fits, paths)
 
 
+#: evaluation windows of the full demo's live probes
+DEMO_WINDOWS = 8
+
+
 def demo(out: str | os.PathLike = "peakprobe-demo", *, quick: bool = False, progress: bool = True,
          command: str | None = None) -> RunResult:
-    """Train (or reuse) the embedded tiny Pythia-style run, then sweep, fit and report it."""
+    """Train (or reuse) the embedded tiny Pythia-style run with a live Monitor, then fit and report.
+
+    The run directory ``OUT/run`` is written by the Monitor while the tiny LM trains (about
+    ``vocab.MONITOR_POINTS`` probes, log-spaced after the warmup); the trainer still saves a
+    few checkpoints in ``OUT/tiny-pythia`` that ``peakprobe sweep`` can probe again.
+    """
+    from . import corpus
+    from .data import load_eval_data
     from .hooks import ProbeConfig
+    from .integrations import Monitor
     from .sweep import SweepConfig
-    from .toy.tiny_lm import TinyLMConfig, train_tiny_lm
+    from .toy.tiny_lm import TinyLMConfig, is_complete, train_tiny_lm
 
     out = Path(out)
-    # quick: the test-sized model, with enough checkpoints past warmup for the loss fit.
-    cfg = replace(TinyLMConfig.quick(), n_checkpoints=12, warmup_steps=2) if quick else TinyLMConfig()
-    checkpoints = train_tiny_lm(out / "tiny-pythia", cfg, progress=progress)
+    # quick: the test-sized model, warmup short enough that most probes fall in the fit window.
+    cfg = replace(TinyLMConfig.quick(), n_checkpoints=4, warmup_steps=2) if quick else TinyLMConfig()
+    tiny, run_dir = out / "tiny-pythia", out / "run"
     sweep_cfg = SweepConfig(batch_size=8, probe=ProbeConfig(sensitivity=True))
-    n_windows = 16 if quick else 32
-    return run(
-        str(checkpoints), out / "run", data="embedded", n_windows=n_windows, window=cfg.seq_len,
-        config=sweep_cfg, force=False, progress=progress, command=command,
-        fit_kwargs={"progress": progress},
+    tokenizer = corpus.build_tokenizer(model_max_length=max(2048, cfg.seq_len))
+    # 8 windows x 256 tokens (2048 rows per head) keep 40 live probes near 10% of the training
+    # time (benchmarks/monitor.py); the same windows at every step, so no noise between steps
+    data = load_eval_data("embedded", tokenizer, n_windows=16 if quick else DEMO_WINDOWS,
+                          window=cfg.seq_len)
+    monitor = Monitor(
+        data, run_dir, total_steps=cfg.steps, start=max(1, cfg.warmup_steps), config=sweep_cfg,
+        name=tiny.name, source=str(tiny.resolve()), schedule=cfg.schedule(), lr_max=cfg.lr_max,
+        command=command,
     )
+    if not (is_complete(tiny, cfg) and monitor.is_complete()):
+        monitor.force = True  # the training starts over, so does its run directory
+        with monitor:
+            train_tiny_lm(tiny, cfg, progress=progress, on_step=monitor.on_step, retrain=True)
+    fits = fit(run_dir, progress=progress)
+    paths = report(run_dir, command=command)
+    return RunResult(run_dir, monitor.summary(), fits, paths)
 
 
 def planted(out: str | os.PathLike, task: str, *, quick: bool = False, seed: int = 0,

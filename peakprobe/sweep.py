@@ -278,6 +278,13 @@ def _tidy(frame: pd.DataFrame, seq: CheckpointSequence, ckpt: Checkpoint) -> pd.
     return frame
 
 
+def tidy_frame(frame: pd.DataFrame, seq: CheckpointSequence, ckpt: Checkpoint) -> pd.DataFrame:
+    """``probe_model``'s frame with the checkpoint's columns in front: what a parquet holds.
+
+    Public so that live probing (peakprobe.integrations) writes exactly what the sweep writes."""
+    return _tidy(frame, seq, ckpt)
+
+
 def shard_info() -> tuple[int, int, str]:
     """(rank, world size, device) of this process: accelerate's view when launched by it."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "ACCELERATE_MIXED_PRECISION" in os.environ:

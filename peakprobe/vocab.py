@@ -132,11 +132,9 @@ BOTTLENECK_LM_HEAD = "lm_head"
 BOTTLENECK_NONE = "none"
 BOTTLENECK_UNDETERMINED = "undetermined"
 
-
 class PeakprobeWarning(UserWarning):
     """Base class of every warning peakprobe issues; the command line shows these by default
     (one line each, ``peakprobe: warning: ...``) and hides other libraries' warnings."""
-
 
 # -- the bottleneck answer from gains (fits) ------------------------------------------------------
 #: the logit magnitudes whose growth exponents are judged against 1/3 (the rest are descriptive)
@@ -150,3 +148,17 @@ MAGNITUDE_METRICS: tuple[str, ...] = (
 GAIN_SHARE_MIN = 0.1
 #: the false-discovery rate of the Benjamini-Hochberg control over sites
 FDR = 0.1
+
+# -- live probing during training (integrations/) ---------------------------------------------------
+#: probes over the planned training, log-spaced, by default (step 0 and the last step included)
+MONITOR_POINTS = 40
+#: attention heads named in the live summary scalars (largest logit_std first)
+MONITOR_TOP_HEADS = 3
+#: alarm, attention-entropy collapse: a head's entropy_norm (entropy / ln n, 1 = uniform,
+#: 0 = one-hot) falls below this
+ENTROPY_COLLAPSE = 0.05
+#: alarm, jump in logit std: a site's logit_std grows by more than this factor between two
+#: consecutive probes (the 1/3 law needs dynamic time to grow 8x for a factor 2)
+LOGIT_STD_JUMP = 2.0
+#: the live run's own file beside the results: per-update learning rates, lr_max, planned steps
+MONITOR_FILE = "monitor.json"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import pandas as pd
 import pytest
 
-from peakprobe import results
+from peakprobe import results, vocab
 from peakprobe.cli import main
 
 
@@ -21,22 +22,41 @@ def test_quick_demo_runs_the_whole_pipeline_offline(tmp_path, capsys, monkeypatc
     assert "loss:" in out and "bottleneck:" in out
     summary = json.loads((tmp_path / "run" / "report" / "summary.json").read_text())
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    saved = sorted(p.name for p in (tmp_path / "tiny-pythia").glob("step*"))
-    assert len(saved) >= 10
-    assert sorted(c["revision"] for c in manifest["checkpoints"]) == saved
+    fits = pd.read_parquet(tmp_path / "run" / "fits.parquet")
+    # the run directory comes from the live Monitor: about 40 probes, 30+ of them in the fit
+    planned = [c["revision"] for c in manifest["checkpoints"]]
+    assert len(planned) == vocab.MONITOR_POINTS
     done = sorted(p.stem for p in (tmp_path / "run" / "checkpoints").glob("*.parquet"))
-    assert done == saved
+    assert done == sorted(planned)
+    assert fits[fits.fit == "loss"]["n_points"].item() >= 30
     assert summary["loss"]["alpha"] > 0  # the loss falls along training
-    # Re-running reuses the trained checkpoints and the finished sweep.
+    saved = sorted(p.name for p in (tmp_path / "tiny-pythia").glob("step*"))
+    assert 2 <= len(saved) < len(planned)  # a few saved checkpoints remain for a later sweep
+    # Re-running reuses the trained checkpoints and the finished run directory.
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run" / "checkpoints").iterdir()}
     assert main(["demo", "--out", str(tmp_path), "--quick", "-q"]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run" / "checkpoints").iterdir()} == before
+
+    # The live probes are a sweep's of the saved checkpoints, bit for bit, tau included.
+    assert main(["sweep", str(tmp_path / "tiny-pythia"), "--out", str(tmp_path / "swept"),
+                 "--n-windows", "16", "--window", "64", "-q"]) == 0
+    live, swept = results.read_results(tmp_path / "run"), results.read_results(tmp_path / "swept")
+    assert results.read_manifest(tmp_path / "swept")["data"] == manifest["data"]
+    cols = ["step", "tau", "site_kind", "layer", "head", "metric", "value", "n_rows"]
+    for step in sorted(set(swept.step) & set(live.step)):
+        pd.testing.assert_frame_equal(
+            live[live.step == step][cols].reset_index(drop=True),
+            swept[swept.step == step][cols].reset_index(drop=True), check_exact=True,
+        )
+    assert len(set(swept.step) & set(live.step)) >= 3
 
 
 @pytest.mark.slow
 def test_full_demo_grows_a_peaked_attention_head(tmp_path, default_tiny_lm):
     """The README's demo: by the last checkpoint some head is peaked (logit std above
-    sqrt(2 ln n) in most rows) and its logit std has grown along training. The training is
-    shared with test_tiny_lm (the demo reuses a finished run of its own config, and would
-    retrain one of any other)."""
+    sqrt(2 ln n) in most rows) and its logit std has grown along training. The demo trains
+    the copied run again (same seed, same weights), since its live Monitor must see the
+    training; the copy only checks that a finished run of the same config is accepted."""
     shutil.copytree(default_tiny_lm, tmp_path / "tiny-pythia")
     assert main(["demo", "--out", str(tmp_path), "-q"]) == 0
     df = results.read_results(tmp_path / "run")

@@ -11,35 +11,42 @@ OUT/
   tiny_lm.json                     # config + its hash; written last, marks the run complete
 ```
 
+``on_step(step, model, optimizer, scheduler)``, if given, is called once before the first update
+(step 0) and after every update (the demo passes a live Monitor's ``on_step`` here; this module
+knows nothing about probing). ``scheduler`` is None: the loop sets each update's rate itself.
+
 Each ``step<N>/`` folder is written under a temporary name and renamed when complete, so an
 interrupted run never leaves a half-written folder under a final name. A second call with the
 same config finds the marker and returns at once.
 
-The update that takes the weights from step ``k-1`` to step ``k`` uses ``lr(k - 1/2)`` (midpoint
-rule), so the sum of ``lr / lr_max`` over the first ``k`` updates matches the closed-form dynamic
-time ``tau(k) = integral_0^k lr(s) / lr_max ds`` that ``schedule.json`` describes.
+The update that takes the weights from step ``k-1`` to step ``k`` uses the schedule's mean rate
+over ``[k-1, k]``, ``lr_max * (tau(k) - tau(k-1))``, so the sum of ``lr / lr_max`` over the first
+``k`` updates equals the closed-form dynamic time ``tau(k) = integral_0^k lr(s) / lr_max ds`` that
+``schedule.json`` describes (to float rounding): a live probe summing the rates and a sweep
+reading ``schedule.json`` give the same tau.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from peakprobe import corpus
+from peakprobe.checkpoints_index.schedules import WarmupCosine
 from peakprobe.results import read_json, write_json
-from peakprobe.sweep import quiet_transformers_progress
 
 MARKER = "tiny_lm.json"
 SCHEDULE = "schedule.json"
 TRAIN_LOG = "train_log.json"
-TRAINER_FORMAT = 1  # bump when a change to this module or the corpus changes the trained weights
+TRAINER_FORMAT = 2  # bump when a change to this module or the corpus changes the trained weights
 
 
 class TinyLMError(ValueError):
@@ -117,14 +124,24 @@ class TinyLMConfig:
         return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def learning_rate(s: float, config: TinyLMConfig) -> float:
-    """The learning rate at (continuous) step ``s``: linear warmup from 0, then cosine to the floor."""
-    lr_min = config.final_lr_ratio * config.lr_max
-    if s < config.warmup_steps:
-        return config.lr_max * s / config.warmup_steps
-    span = config.steps - config.warmup_steps
-    progress = min(1.0, (s - config.warmup_steps) / span) if span > 0 else 1.0
-    return lr_min + (config.lr_max - lr_min) * 0.5 * (1.0 + math.cos(math.pi * progress))
+def update_lr(step: int, config: TinyLMConfig) -> float:
+    """The rate of update ``step`` (1-based): the schedule's mean over ``[step - 1, step]``."""
+    schedule = WarmupCosine(config.lr_max, config.warmup_steps, config.steps, config.final_lr_ratio)
+    return config.lr_max * (schedule.tau(step) - schedule.tau(step - 1))
+
+
+@contextmanager
+def _quiet_saving() -> Iterator[None]:
+    """Silence transformers' "Writing model shards" bar for the duration, then restore it."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def model_config(config: TinyLMConfig, tokenizer):
@@ -176,7 +193,7 @@ def _save_checkpoint(model, tokenizer, out_dir: Path, step: int) -> Path:
     final = out_dir / f"step{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step{step}.", suffix=".tmp", dir=out_dir))
     try:
-        with quiet_transformers_progress():
+        with _quiet_saving():
             model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         if final.exists():  # left by an earlier, interrupted run of the same trainer
@@ -224,6 +241,8 @@ def train_tiny_lm(
     progress: bool = True,
     overwrite: bool = False,
     threads: int | None = None,
+    on_step: Callable | None = None,
+    retrain: bool = False,
 ) -> Path:
     """Train (or reuse) a tiny GPT-NeoX run in ``out_dir``; return ``out_dir`` as a Path.
 
@@ -231,13 +250,16 @@ def train_tiny_lm(
     config raises TinyLMError unless ``overwrite`` (then its marker is replaced and every
     ``step<N>/`` folder this config saves is rewritten). ``threads`` sets torch's intra-op
     threads for the training only (None keeps torch's default; 1 is best on a busy machine).
+    ``on_step(step, model, optimizer, scheduler)`` is called at step 0 and after every update
+    (see the module docstring); ``retrain`` trains even when a finished run of ``config`` exists
+    (the same seed gives the same weights), e.g. so that ``on_step`` sees the training.
     """
     import torch
 
     config = config or TinyLMConfig()
     config.validate()
     out = Path(out_dir)
-    if is_complete(out, config):
+    if is_complete(out, config) and not retrain:
         return out
     if out.exists() and not out.is_dir():
         raise TinyLMError(f"{out} exists and is not a folder; choose another output folder")
@@ -250,13 +272,13 @@ def train_tiny_lm(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        _train(out, config, progress)
+        _train(out, config, progress, on_step)
     finally:
         torch.set_num_threads(before)
     return out
 
 
-def _train(out: Path, config: TinyLMConfig, progress: bool) -> None:
+def _train(out: Path, config: TinyLMConfig, progress: bool, on_step: Callable | None) -> None:
     """The training loop proper; writes the checkpoints, the logs and, last, the marker."""
     import torch
     from tqdm.auto import tqdm
@@ -277,12 +299,14 @@ def _train(out: Path, config: TinyLMConfig, progress: bool) -> None:
     write_json(out / SCHEDULE, config.schedule())
     if 0 in save_steps:
         _save_checkpoint(model, tokenizer, out, 0)
+    if on_step is not None:
+        on_step(0, model, optimizer, None)
 
     losses: list[float] = []
     lrs: list[float] = []
     bar = tqdm(range(1, config.steps + 1), desc="tiny-LM", unit="step", disable=not progress)
     for step in bar:
-        lr = learning_rate(step - 0.5, config)
+        lr = update_lr(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = data[step - 1]  # (B, T)
@@ -296,6 +320,8 @@ def _train(out: Path, config: TinyLMConfig, progress: bool) -> None:
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         if step in save_steps:
             _save_checkpoint(model, tokenizer, out, step)
+        if on_step is not None:
+            on_step(step, model, optimizer, None)
     bar.close()
 
     seconds = time.perf_counter() - started

@@ -1,0 +1,29 @@
+"""Live probing during training: a framework-free :class:`Monitor` and an HF Trainer callback.
+
+Both write the run directory a sweep writes (``checkpoints/step<N>.parquet`` + manifest), so
+``peakprobe fit`` / ``peakprobe report`` work on a run still in progress (docs/monitor.md).
+``PeakprobeCallback`` is imported on first use, so the Monitor does not load the Trainer.
+"""
+
+from __future__ import annotations
+
+from .monitor import Monitor, MonitorError, planned_steps, training_state_preserved
+from .scalars import alarms, summary_scalars
+
+__all__ = [
+    "Monitor",
+    "MonitorError",
+    "PeakprobeCallback",
+    "alarms",
+    "planned_steps",
+    "summary_scalars",
+    "training_state_preserved",
+]
+
+
+def __getattr__(name: str):
+    if name == "PeakprobeCallback":
+        from .trainer import PeakprobeCallback
+
+        return PeakprobeCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
