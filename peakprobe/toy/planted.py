@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from peakprobe.results import read_json, write_json
-from peakprobe.toy.tiny_lm import TinyLMConfig, learning_rate, model_config
+from peakprobe.toy.tiny_lm import TinyLMConfig, model_config, update_lr
 from peakprobe.vocab import BOTTLENECK_ATTENTION, BOTTLENECK_LM_HEAD
 
 LM_HEAD_TASK = "lm_head"
@@ -54,7 +54,7 @@ MARKER = "planted.json"
 SCHEDULE = "schedule.json"
 TRAIN_LOG = "train_log.json"
 EVAL_FILE = "eval.jsonl"
-PLANTED_FORMAT = 1  # bump when a change here changes the trained weights
+PLANTED_FORMAT = 2  # bump when a change here changes the trained weights
 _EVAL_STREAM = 1_000_003  # the eval sequences' seed offset, disjoint from every training batch
 
 
@@ -309,7 +309,7 @@ def _train_loop(out: Path, config: PlantedConfig, progress: bool) -> None:
     lrs: list[float] = []
     bar = tqdm(range(1, cfg.steps + 1), desc=f"planted {config.task}", unit="step", disable=not progress)
     for step in bar:
-        lr = learning_rate(step - 0.5, cfg)  # midpoint rule, as tiny_lm: sum lr/lr_max = tau
+        lr = update_lr(step, cfg)  # the mean rate over the update, as tiny_lm: sum lr/lr_max = tau
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, _ = generate(config, cfg.batch_size, np.random.default_rng([cfg.seed, step]))
