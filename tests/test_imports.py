@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "sweep": _MEASURE,
     "fits": _BASE | {"results", "checkpoints_index"},
     "reports": _BASE | {"results", "fits", "checkpoints_index"},
-    "toy": _BASE | {"results", "fits", "corpus"},
+    "toy": _BASE | {"results", "fits", "corpus", "checkpoints_index"},
     "integrations": _MEASURE | {"sweep"},
 }
 #: the entry points may import everything
