@@ -24,7 +24,14 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..probes import Accumulator, MaskSpec, SiteGroup, attention_head_sums, row_stats
+from ..probes import (
+    Accumulator,
+    MaskSpec,
+    SiteGroup,
+    attention_forward_with_sums,
+    attention_head_sums,
+    row_stats,
+)
 from .beta import beta_attention
 
 _names = itertools.count()
@@ -44,6 +51,9 @@ class ProbeConfig:
     backend: "torch", "triton" (forced; on CPU it needs TRITON_INTERPRET=1) or "auto" (the
         Triton kernel for CUDA tensors when triton is installed, torch otherwise).
     lm_chunk: token positions per block of LM-head logits.
+    fused: compute each attention output from the probe's own scores (QK^T once; outputs
+        within float rounding of eager attention, not bit-identical to the model's own path).
+        Off by default: the model's attention function then runs unchanged.
     """
 
     chunk: int = 32
@@ -51,6 +61,7 @@ class ProbeConfig:
     sensitivity: bool = False
     backend: str = "auto"
     lm_chunk: int = 512
+    fused: bool = False
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -63,7 +74,43 @@ class ProbeConfig:
             "sensitivity": self.sensitivity,
             "backend": self.backend,
             "lm_chunk": self.lm_chunk,
+            "fused": self.fused,
         }
+
+
+def _softmax_kwargs(module, query, key, attention_mask, kwargs: dict) -> dict:
+    """What of the attention interface's keyword arguments shapes the softmax, as arguments of
+    ``attention_head_sums``: scaling, causal / sliding-window structure and the mask, Gemma-2
+    softcapping, a learned sink logit (gpt-oss ``s_aux``; a per-query ``sinks`` tensor), an
+    additive ``position_bias``. ``dropout`` is training-only (the probes run in eval mode) and
+    ``position_ids`` only feed the rotary embedding; packed sequences (``cu_seq_lens_*``)
+    carry their mask outside ``attention_mask`` and are refused."""
+    if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
+        raise UnsupportedModelError(
+            "packed sequences (cu_seq_lens) are not supported: probe unpacked, padded batches"
+        )
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+    spec = MaskSpec(
+        mask=attention_mask,
+        causal=causal,
+        sliding_window=kwargs.get("sliding_window"),
+        q_offset=key.shape[2] - query.shape[2],
+    )
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = kwargs.get("sinks")
+    bias = kwargs.get("position_bias")
+    return {
+        "scaling": float(scaling),
+        "mask": spec,
+        "softcap": kwargs.get("softcap"),
+        "sinks": None if sinks is None else sinks.detach(),
+        "position_bias": None if bias is None else bias.detach(),
+    }
 
 
 def _triton_sums() -> Callable | None:
@@ -114,35 +161,27 @@ class Probe:
     def _attention(self, module, query, key, value, attention_mask, **kwargs):
         self.n_attention_calls += 1
         layer = self._layer_index(module)
-        scaling = kwargs.get("scaling")
-        if scaling is None:
-            scaling = query.shape[-1] ** -0.5
-        causal = kwargs.get("is_causal")
-        causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
-        spec = MaskSpec(
-            mask=attention_mask,
-            causal=causal,
-            sliding_window=kwargs.get("sliding_window"),
-            q_offset=key.shape[2] - query.shape[2],
-        )
-        softcap = kwargs.get("softcap")
+        stats_kw = _softmax_kwargs(module, query, key, attention_mask, kwargs)
         row_valid = None
         am = self._attention_mask
         if am is not None and am.dim() == 2 and am.shape[-1] == query.shape[2]:
             row_valid = am.to(query.device).bool()  # (B, Tq)
-        sums_fn = self._sums_fn
-        if self._fast_sums is not None and (query.is_cuda or self.config.backend == "triton"):
-            sums_fn = self._fast_sums
-        metrics, sums, counts = sums_fn(
-            query.detach(),
-            key.detach(),
-            scaling=float(scaling),
-            mask=spec,
-            softcap=softcap,
-            row_valid=row_valid,
-            chunk=self.config.chunk,
-            dtype=self.config.torch_dtype,
-        )
+        fused_out = None
+        sensitivity = self.config.sensitivity and torch.is_grad_enabled()
+        if self.config.fused and not sensitivity and value is not None:
+            fused_out, metrics, sums, counts = attention_forward_with_sums(
+                query.detach(), key.detach(), value.detach(), row_valid=row_valid,
+                chunk=self.config.chunk, dtype=self.config.torch_dtype, **stats_kw,
+            )  # fmt: skip
+        else:
+            sums_fn = self._sums_fn
+            if self._fast_sums is not None and (query.is_cuda or self.config.backend == "triton"):
+                sums_fn = self._fast_sums
+            metrics, sums, counts = sums_fn(
+                query.detach(), key.detach(), row_valid=row_valid, chunk=self.config.chunk,
+                dtype=self.config.torch_dtype, **stats_kw,
+            )  # fmt: skip
+        scaling, spec, softcap = stats_kw["scaling"], stats_kw["mask"], stats_kw["softcap"]
         self.accumulator.add_sums(SiteGroup("attn", layer), metrics, sums, counts)
 
         if self.config.sensitivity and torch.is_grad_enabled():
@@ -153,6 +192,8 @@ class Probe:
                 query, key, value, log_beta, scaling=float(scaling), mask=spec, softcap=softcap
             )
             return out, None
+        if fused_out is not None:
+            return fused_out, None
         if self._delegate is not None:
             return self._delegate(module, query, key, value, attention_mask, **kwargs)
         eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)

@@ -2,9 +2,18 @@
 
 This is the reference implementation the optional Triton kernel must match. It rebuilds the
 attention logits exactly as a Hugging Face attention function would (scaling, optional
-softcapping, grouped-query heads, the additive or boolean mask, or causal / sliding-window
-structure when no mask is materialised) one chunk of query rows at a time, so nothing of size
-T x T per head ever exists beyond one chunk.
+softcapping, an additive position bias, grouped-query heads, the additive or boolean mask, or
+causal / sliding-window structure when no mask is materialised, a learned sink logit) one chunk
+of query rows at a time, so nothing of size T x T per head ever exists beyond one chunk.
+
+Each chunk's logits are reduced once to per-row ``rows.Sums``. With causal structure and no mask
+tensor the key range is split, so no masking work touches most of the block: key 0 (the first
+visible key, kept apart for the ``_xsink`` statistics), the keys every row of the chunk sees
+(no mask at all) and the chunk's diagonal block (masked, chunk x chunk). Other masks take one
+masked fill. The per-row sums of all chunks are merged and turned into statistics once per call.
+
+``attention_forward_with_sums`` (the opt-in fused path) also returns the attention output,
+computed from the same exponentials, so QK^T is done once.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .rows import ATTN_METRICS, row_stats
+from .rows import Sums, attn_metric_names, block_sums, finish, merge, single
 
 
 @dataclass(frozen=True)
@@ -34,43 +43,172 @@ class MaskSpec:
 def _chunk_logits(
     q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None
 ) -> torch.Tensor:
-    """Scores of a query chunk against all keys, grouped-query heads expanded.
+    """Scores of a query chunk against keys, grouped-query heads expanded.
 
     q: (B, H, C, D); k: (B, Hkv, Tk, D) -> (B, H, C, Tk)
     """
     b, h, c, d = q.shape
     hkv = k.shape[1]
-    groups = h // hkv
-    qg = q.reshape(b, hkv, groups, c, d)  # (B, Hkv, G, C, D)
-    z = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2))  # (B, Hkv, G, C, Tk)
-    z = z.reshape(b, h, c, k.shape[2]) * scaling  # (B, H, C, Tk)
+    qg = q.reshape(b, hkv, (h // hkv) * c, d)  # (B, Hkv, G*C, D)
+    z = torch.matmul(qg, k.transpose(-1, -2))  # (B, Hkv, G*C, Tk)
+    z = z.view(b, h, c, k.shape[2]).mul_(scaling)  # (B, H, C, Tk)
     if softcap is not None:
-        z = torch.tanh(z / softcap) * softcap
+        z = z.div_(softcap).tanh_().mul_(softcap)
     return z
 
 
-def _chunk_valid(
-    spec: MaskSpec, i0: int, i1: int, tk: int, device: torch.device, z: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits with any additive mask applied, bool validity) for query rows i0:i1."""
-    if spec.mask is None:
-        qpos = torch.arange(i0, i1, device=device).unsqueeze(-1) + spec.q_offset  # (C, 1)
-        kpos = torch.arange(tk, device=device).unsqueeze(0)  # (1, Tk)
-        valid = torch.ones(i1 - i0, tk, dtype=torch.bool, device=device)
-        if spec.causal:
-            valid = valid & (kpos <= qpos)
-        if spec.sliding_window is not None:
-            valid = valid & (kpos > qpos - spec.sliding_window)
-        return z, valid.view(1, 1, i1 - i0, tk)  # (1, 1, C, Tk)
-    m = spec.mask[:, :, i0:i1, :tk]  # (B, 1|H, C, Tk)
-    if m.dtype == torch.bool:
-        return z, m
-    lowest = torch.finfo(m.dtype).min / 2
-    valid = m > lowest
-    return z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype), valid
+def _grouped_matmul(e: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """e (B, H, C, N) @ v (B, Hkv, N, Dv) -> (B, H, C, Dv), grouped-query heads shared."""
+    b, h, c, n = e.shape
+    hkv = v.shape[1]
+    return torch.matmul(e.reshape(b, hkv, (h // hkv) * c, n), v).view(b, h, c, v.shape[-1])
+
+
+def _index_valid(spec: MaskSpec, i0: int, i1: int, k0: int, k1: int, device) -> torch.Tensor:
+    """(1, 1, C, k1 - k0) bool: which keys k0:k1 rows i0:i1 see, by causal / window structure."""
+    qpos = torch.arange(i0, i1, device=device).unsqueeze(-1) + spec.q_offset  # (C, 1)
+    kpos = torch.arange(k0, k1, device=device).unsqueeze(0)  # (1, K)
+    valid = torch.ones(i1 - i0, k1 - k0, dtype=torch.bool, device=device)
+    if spec.causal:
+        valid = valid & (kpos <= qpos)
+    if spec.sliding_window is not None:
+        valid = valid & (kpos > qpos - spec.sliding_window)
+    return valid.view(1, 1, i1 - i0, k1 - k0)
+
+
+@dataclass
+class _Chunk:
+    rest: Sums  # sums over the visible keys but the first, per row (B, H, C)
+    first: torch.Tensor  # logit of the first visible key (B, H, C)
+    present: torch.Tensor  # the row has a visible key (B|1, 1|H, C)
+    out: list[torch.Tensor] | None = None  # fused: per part, sum e^(z - m) v (B, H, C, Dv)
+    out_m: list[torch.Tensor] | None = None  # the max each part of ``out`` is relative to
+
+
+def _structured_chunk(z, spec, i0, i1, value, dtype) -> _Chunk:
+    """Causal (or full) structure, no mask tensor, no window: key 0, the keys every row sees,
+    and the diagonal block (the only masked part). z: (B, H, C, hi), keys 0:hi."""
+    hi = z.shape[-1]
+    c0 = min(hi, i0 + spec.q_offset + 1) if spec.causal else hi
+    rest = block_sums(z[..., 1:c0])
+    edge = None
+    if c0 < hi:
+        edge_valid = _index_valid(spec, i0, i1, c0, hi, z.device)
+        edge = block_sums(z[..., c0:hi], edge_valid)
+        rest_all = merge(rest, edge)
+    else:
+        rest_all = rest
+    first = z[..., 0].to(torch.float64)
+    present = torch.ones(1, 1, i1 - i0, dtype=torch.bool, device=z.device)
+    chunk = _Chunk(rest_all, first, present)
+    if value is not None:
+        parts = [(z[..., 1:c0], rest.m, 1, c0, None)]
+        if edge is not None:
+            parts.append((z[..., c0:hi], edge.m, c0, hi, edge_valid))
+        out = value[:, :, :1].to(dtype)  # key 0, e = 1 relative to itself: (B, Hkv, 1, Dv)
+        out = _grouped_matmul(torch.ones_like(z[..., :1]), out)
+        chunk.out, chunk.out_m = [out], [first]
+        for zz, m, k0, k1, valid in parts:
+            if k1 <= k0:
+                continue
+            e = (zz - torch.where(torch.isfinite(m), m, 0).to(zz.dtype).unsqueeze(-1)).exp()
+            if valid is not None:
+                e = e.masked_fill(~valid, 0.0)
+            chunk.out.append(_grouped_matmul(e, value[:, :, k0:k1].to(dtype)))
+            chunk.out_m.append(m)
+    return chunk
+
+
+def _masked_chunk(z, valid, value, dtype, k0) -> _Chunk:
+    """Any mask: one masked fill; the first visible key of each row is found and left out."""
+    idx = valid.to(torch.int8).argmax(-1, keepdim=True)  # (B|1, 1|H, C, 1) first visible
+    present = valid.gather(-1, idx).squeeze(-1)
+    idx_full = idx.expand(*z.shape[:-1], 1)
+    first = z.gather(-1, idx_full).squeeze(-1).to(torch.float64)
+    rest_valid = valid.scatter(-1, idx, False)
+    rest = block_sums(z, rest_valid)
+    chunk = _Chunk(rest, torch.where(present, first, torch.zeros_like(first)), present)
+    if value is not None:
+        keys = merge(rest, single(first, present))
+        m = torch.where(torch.isfinite(keys.m), keys.m, 0).to(z.dtype).unsqueeze(-1)
+        e = (z - m).masked_fill(~valid, 0.0).exp().masked_fill(~valid, 0.0)
+        chunk.out, chunk.out_m = [_grouped_matmul(e, value[:, :, k0 : k0 + z.shape[-1]].to(dtype))], [keys.m]
+    return chunk
+
+
+def _cat_sums(parts: list[Sums]) -> Sums:
+    return Sums(*(torch.cat([getattr(p, f) for p in parts], dim=2) for f in Sums.__dataclass_fields__))
 
 
 @torch.no_grad()
+def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, sinks, bias):
+    b, h, tq, _ = query.shape
+    tk = key.shape[2]
+    off = mask.q_offset
+    k = key.to(dtype)
+    structured = mask.mask is None and mask.sliding_window is None
+    chunks: list[_Chunk] = []
+    for i0 in range(0, tq, chunk):
+        i1 = min(tq, i0 + chunk)
+        # Keys no row of the chunk can see are never multiplied.
+        hi = min(tk, i1 + off) if (mask.mask is None and mask.causal) else tk
+        lo = 0
+        if mask.mask is None and mask.sliding_window is not None:
+            lo = max(0, min(hi, i0 + off - mask.sliding_window + 1))
+        q = query[:, :, i0:i1].to(dtype)
+        z = _chunk_logits(q, k[:, :, lo:hi], scaling, softcap)  # (B, H, C, hi - lo)
+        if bias is not None:
+            z = z + bias[:, :, i0:i1, lo:hi].to(dtype)
+        if structured and hi > 0:
+            ch = _structured_chunk(z, mask, i0, i1, value, dtype)
+        else:
+            if mask.mask is None:
+                valid = _index_valid(mask, i0, i1, lo, hi, z.device)
+            else:
+                m = mask.mask[:, :, i0:i1, lo:hi]  # (B, 1|H, C, Tk)
+                if m.dtype == torch.bool:
+                    valid = m
+                else:
+                    valid = m > torch.finfo(m.dtype).min / 2
+                    z = z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype)
+            ch = _masked_chunk(z, valid, value, dtype, lo)
+        chunks.append(ch)
+    rest = _cat_sums([c.rest for c in chunks])  # (B, H, Tq)
+    first = torch.cat([c.first for c in chunks], dim=2)
+    present = torch.cat([c.present.expand(b, h, -1) for c in chunks], dim=2)
+    keys = merge(rest, single(first, present))
+    ok = torch.ones(b, h, tq, dtype=torch.bool, device=query.device)
+    if row_valid is not None:
+        ok = ok & row_valid.bool().view(b, 1, tq)
+    sink = None
+    if sinks is not None:
+        sink = sinks.to(torch.float64)
+        sink = sink.view(1, h, 1) if sink.dim() == 1 else sink.reshape(b, h, tq)  # (H,) or (B, H, Tq, 1)
+        sink = sink.expand(b, h, tq)
+    stats = finish(keys, ok, first=first, rest=rest, sink=sink)
+    names = attn_metric_names(sinks is not None)
+    sums = torch.stack([(stats.values[n] * stats.weight[n]).sum(dim=(0, 2)) for n in names], -1)
+    counts = torch.stack([stats.weight[n].expand(b, h, tq).sum(dim=(0, 2)) for n in names], -1)
+    out = None
+    if value is not None:
+        lse = stats_lse(keys, sink)  # (B, H, Tq)
+        pieces = []
+        for i, c in enumerate(chunks):
+            row_lse = lse[:, :, i * chunk : i * chunk + c.first.shape[2]]
+            acc = sum(o * (m - row_lse).exp().to(o.dtype).unsqueeze(-1) for o, m in zip(c.out, c.out_m, strict=True))
+            pieces.append(acc)
+        out = torch.cat(pieces, dim=2)  # (B, H, Tq, Dv)
+        out = torch.where(present.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype, device=out.device))
+        out = out.to(query.dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv) like HF
+    return names, sums, counts, out
+
+
+def stats_lse(keys: Sums, sink: torch.Tensor | None) -> torch.Tensor:
+    """log-sum-exp of each row's softmax (keys, and the sink logit when there is one)."""
+    soft = keys if sink is None else merge(keys, single(sink))
+    return soft.m + soft.s.clamp(min=1e-300).log()
+
+
 def attention_head_sums(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -81,35 +219,46 @@ def attention_head_sums(
     row_valid: torch.Tensor | None = None,
     chunk: int = 32,
     dtype: torch.dtype = torch.float32,
+    sinks: torch.Tensor | None = None,
+    position_bias: torch.Tensor | None = None,
 ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
     """Per-head sums and row counts of every attention statistic.
 
     Args:
         query: (B, H, Tq, D); key: (B, Hkv, Tk, D) with H a multiple of Hkv.
         row_valid: bool (B, Tq): query rows to count (False for padding queries).
-        dtype: precision of the logits and statistics (float64 for exact checks).
+        dtype: precision of the logits and block passes (float64 for exact checks); per-row
+            results are float64.
+        sinks: learned sink logits, (H,) or (B, H, Tq, 1): one more softmax option per row.
+        position_bias: additive (B|1, H, Tq, Tk) bias on the scores, before the mask.
 
     Returns:
         (metric names, sums (H, M) float64, counts (H, M) float64).
     """
-    b, h, tq, _ = query.shape
-    tk = key.shape[2]
-    k = key.to(dtype)
-    sums = torch.zeros(h, len(ATTN_METRICS), dtype=torch.float64, device=query.device)
-    counts = torch.zeros_like(sums)
-    for i0 in range(0, tq, chunk):
-        i1 = min(tq, i0 + chunk)
-        # Causal structure without a mask: keys past the last query of the chunk are never used.
-        kk = k
-        if mask.mask is None and mask.causal:
-            kk = k[:, :, : min(tk, i1 + mask.q_offset)]
-        z = _chunk_logits(query[:, :, i0:i1].to(dtype), kk, scaling, softcap)  # (B, H, C, Tk')
-        z, valid = _chunk_valid(mask, i0, i1, kk.shape[2], query.device, z)
-        rv = None if row_valid is None else row_valid[:, i0:i1].bool().view(b, 1, i1 - i0)
-        stats = row_stats(z, valid, rv, first_key=True)
-        for m, name in enumerate(ATTN_METRICS):
-            v = stats.values[name].to(torch.float64)  # (B, H, C)
-            w = stats.weight[name].to(torch.float64)
-            sums[:, m] += (v * w).sum(dim=(0, 2))
-            counts[:, m] += w.sum(dim=(0, 2))
-    return ATTN_METRICS, sums, counts
+    names, sums, counts, _ = _run(
+        query, key, None, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
+        chunk=chunk, dtype=dtype, sinks=sinks, bias=position_bias,
+    )  # fmt: skip
+    return names, sums, counts
+
+
+def attention_forward_with_sums(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    **kwargs,
+) -> tuple[torch.Tensor, tuple[str, ...], torch.Tensor, torch.Tensor]:
+    """The fused path: (attention output (B, Tq, H, Dv) in query's dtype, names, sums, counts).
+
+    Same arguments as ``attention_head_sums``. The output is softmax(z) @ V from the very
+    exponentials the statistics use (the sink takes probability but adds no value); rows with
+    no visible key get zeros. Within float rounding of eager attention, not bit-identical."""
+    names, sums, counts, out = _run(
+        query, key, value, scaling=kwargs.pop("scaling"), mask=kwargs.pop("mask"),
+        softcap=kwargs.pop("softcap", None), row_valid=kwargs.pop("row_valid", None),
+        chunk=kwargs.pop("chunk", 32), dtype=kwargs.pop("dtype", torch.float32),
+        sinks=kwargs.pop("sinks", None), bias=kwargs.pop("position_bias", None),
+    )  # fmt: skip
+    if kwargs:
+        raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+    return out, names, sums, counts

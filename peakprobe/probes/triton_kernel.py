@@ -39,8 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..vocab import ATTN_METRICS
 from .attention import MaskSpec, attention_head_sums
-from .rows import ATTN_METRICS
 
 _N_METRICS = 8
 if len(ATTN_METRICS) != _N_METRICS:  # the kernel writes the metrics in ATTN_METRICS order
