@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sensitivity", action="store_true", help="also time the backward pass")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by process CPU seconds instead of wall seconds (steadier on a "
+                        "shared machine; with one thread only, as threads' waits count too)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -63,14 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {name: [] for name, _ in variants}
     for _, fn in variants:
         fn()  # warm-up
+    clock = time.process_time if args.cpu_time else time.perf_counter
     for _ in range(args.repeats):
         for name, fn in variants:
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
     base = statistics.median(times[variants[0][0]])
     print(f"GPT-NeoX 6 x 256, 8 heads, vocab 1024, float32, batch {args.batch} x {args.length}, "
-          f"{torch.get_num_threads()} threads, median of {args.repeats} alternating rounds")
+          f"{torch.get_num_threads()} threads, median of {args.repeats} alternating rounds"
+          + (", CPU seconds" if args.cpu_time else ""))
     print(f"{'variant':<32}{'tok/s':>10}{'x baseline':>12}{'min..max s':>16}")
     for name, _ in variants:
         t = statistics.median(times[name])

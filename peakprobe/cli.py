@@ -77,6 +77,8 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--no-sensitivity", action="store_true",
                    help="skip d(loss)/d(log beta) per site (saves a backward pass per batch)")
     m.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
+    m.add_argument("--fused-attention", action="store_true",
+                   help="attention outputs from the probe's own scores (faster; not bit-identical)")
     m.add_argument("--no-prefetch", action="store_true", help="do not load the next checkpoint ahead")
     p.add_argument("--processes", type=int, default=1, help="split checkpoints over N local processes")
     p.add_argument("--force", action="store_true", help="discard an existing run in --out and start over")
@@ -154,6 +156,7 @@ def _sweep_kwargs(args, command: str) -> dict:
 
     probe = ProbeConfig(chunk=args.chunk, dtype=args.stats_dtype,
                         sensitivity=not args.no_sensitivity, backend=args.backend)
+    probe.fused = bool(getattr(args, "fused_attention", False))
     config = SweepConfig(
         batch_size=args.batch_size, dtype=args.dtype, device=args.device, device_map=args.device_map,
         allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .rows import Sums, attn_metric_names, block_sums, finish, merge, single
+from .rows import Sums, attn_metric_names, finish, merge, normalized, raw_block_sums, single
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,12 @@ def _chunk_logits(
     """
     b, h, c, d = q.shape
     hkv = k.shape[1]
-    qg = q.reshape(b, hkv, (h // hkv) * c, d)  # (B, Hkv, G*C, D)
-    z = torch.matmul(qg, k.transpose(-1, -2))  # (B, Hkv, G*C, Tk)
-    z = z.view(b, h, c, k.shape[2]).mul_(scaling)  # (B, H, C, Tk)
+    # The scaling (and 1 / softcap) multiply the small query chunk, not the block.
+    factor = scaling if softcap is None else scaling / softcap
+    qg = (q * factor).reshape(b, hkv, (h // hkv) * c, d)  # (B, Hkv, G*C, D)
+    z = torch.matmul(qg, k.transpose(-1, -2)).view(b, h, c, k.shape[2])  # (B, H, C, Tk)
     if softcap is not None:
-        z = z.div_(softcap).tanh_().mul_(softcap)
+        z = z.tanh_().mul_(softcap)
     return z
 
 
@@ -78,66 +79,93 @@ def _index_valid(spec: MaskSpec, i0: int, i1: int, k0: int, k1: int, device) -> 
 
 @dataclass
 class _Chunk:
-    rest: Sums  # sums over the visible keys but the first, per row (B, H, C)
+    core: Sums  # raw sums over the visible keys but the first that need no mask (B, H, C)
+    edge: Sums  # raw sums over the masked keys but the first (B, H, C)
     first: torch.Tensor  # logit of the first visible key (B, H, C)
     present: torch.Tensor  # the row has a visible key (B|1, 1|H, C)
-    out: list[torch.Tensor] | None = None  # fused: per part, sum e^(z - m) v (B, H, C, Dv)
-    out_m: list[torch.Tensor] | None = None  # the max each part of ``out`` is relative to
+    out: torch.Tensor | None = None  # fused: sum e^(z - out_m) v over the chunk's part (B, H, C, Dv)
+    out_m: torch.Tensor | None = None  # (B, H, C)
 
 
-def _structured_chunk(z, spec, i0, i1, value, dtype) -> _Chunk:
-    """Causal (or full) structure, no mask tensor, no window: key 0, the keys every row sees,
-    and the diagonal block (the only masked part). z: (B, H, C, hi), keys 0:hi."""
-    hi = z.shape[-1]
-    c0 = min(hi, i0 + spec.q_offset + 1) if spec.causal else hi
-    rest = block_sums(z[..., 1:c0])
-    edge = None
-    if c0 < hi:
-        edge_valid = _index_valid(spec, i0, i1, c0, hi, z.device)
-        edge = block_sums(z[..., c0:hi], edge_valid)
-        rest_all = merge(rest, edge)
-    else:
-        rest_all = rest
-    first = z[..., 0].to(torch.float64)
-    present = torch.ones(1, 1, i1 - i0, dtype=torch.bool, device=z.device)
-    chunk = _Chunk(rest_all, first, present)
-    if value is not None:
-        parts = [(z[..., 1:c0], rest.m, 1, c0, None)]
-        if edge is not None:
-            parts.append((z[..., c0:hi], edge.m, c0, hi, edge_valid))
-        out = value[:, :, :1].to(dtype)  # key 0, e = 1 relative to itself: (B, Hkv, 1, Dv)
-        out = _grouped_matmul(torch.ones_like(z[..., :1]), out)
-        chunk.out, chunk.out_m = [out], [first]
-        for zz, m, k0, k1, valid in parts:
-            if k1 <= k0:
-                continue
-            e = (zz - torch.where(torch.isfinite(m), m, 0).to(zz.dtype).unsqueeze(-1)).exp()
-            if valid is not None:
-                e = e.masked_fill(~valid, 0.0)
-            chunk.out.append(_grouped_matmul(e, value[:, :, k0:k1].to(dtype)))
-            chunk.out_m.append(m)
+def _empty(z: torch.Tensor) -> Sums:
+    return raw_block_sums(z[..., :0])
+
+
+def _fused_part(z, m, valid, v, dtype) -> torch.Tensor:
+    """sum_j e^(z_j - m) v_j over the valid keys: z (B, H, C, N), m (B, H, C), v (B, Hkv, N, Dv)."""
+    e = (z - m.unsqueeze(-1)).clamp_(max=0.0).exp_()  # clamp: rows with no valid key (m = low)
+    if valid is not None:
+        e = e.masked_fill_(~valid, 0.0)
+    return _grouped_matmul(e, v.to(dtype))
+
+
+def _structured_chunk(z, value, dtype) -> _Chunk:
+    """Causal (or full) structure, no mask tensor, no window: z holds key 0 and the keys every
+    row of the chunk sees (no mask work at all); the diagonal block is done apart."""
+    core = raw_block_sums(z[..., 1:])
+    first = z[..., 0]
+    present = torch.ones(1, 1, z.shape[2], dtype=torch.bool, device=z.device)
+    chunk = _Chunk(core, _empty(z), first, present)
+    if value is not None and z.shape[-1] > 1:
+        chunk.out, chunk.out_m = _fused_part(z[..., 1:], core.m, None, value[:, :, 1 : z.shape[-1]], dtype), core.m
     return chunk
+
+
+def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype):
+    """The masked part of causal rows, all chunks at once: query row r of chunk [i0, i1) sees
+    keys i0 + off + 1 .. r + off. Returns raw ``Sums`` (B, H, Tq) and, fused, the part's
+    e-weighted values (B, H, Tq, Dv)."""
+    b, h, tq, d = query.shape
+    n_c = -(-tq // chunk)
+    pad = n_c * chunk - tq
+    q = torch.nn.functional.pad(query.to(dtype), (0, 0, 0, pad))  # (B, H, Tp, D)
+    k = torch.nn.functional.pad(key[:, :, off : off + tq].to(dtype), (0, 0, 0, pad))
+    hkv = k.shape[1]
+    factor = scaling if softcap is None else scaling / softcap
+    qg = (q * factor).view(b, hkv, h // hkv, n_c, chunk, d)
+    kg = k.view(b, hkv, 1, n_c, chunk, d)
+    z = torch.matmul(qg, kg.transpose(-1, -2)).view(b, h, n_c, chunk, chunk)  # (B, H, nC, C, C)
+    if softcap is not None:
+        z = z.tanh_().mul_(softcap)
+    r = torch.arange(chunk, device=z.device)
+    valid = (r.view(1, chunk) >= 1) & (r.view(1, chunk) <= r.view(chunk, 1))  # (C, C): 1 <= t <= row
+    sums = raw_block_sums(z, valid)
+    sums = Sums(*(getattr(sums, f).reshape(b, h, n_c * chunk)[:, :, :tq] for f in Sums.__dataclass_fields__))
+    out = None
+    if value is not None:
+        v = torch.nn.functional.pad(value[:, :, off : off + tq].to(dtype), (0, 0, 0, pad))
+        m = sums_m = sums.m
+        del sums_m
+        mp = torch.nn.functional.pad(m, (0, pad)).view(b, h, n_c, chunk)
+        e = (z - mp.unsqueeze(-1)).clamp_(max=0.0).exp_().masked_fill_(~valid, 0.0)
+        dv = v.shape[-1]
+        vg = v.view(b, hkv, 1, n_c, chunk, dv)
+        o = torch.matmul(e.view(b, hkv, h // hkv, n_c, chunk, chunk), vg)  # (B, Hkv, G, nC, C, Dv)
+        out = o.reshape(b, h, n_c * chunk, dv)[:, :, :tq]
+    return sums, out
 
 
 def _masked_chunk(z, valid, value, dtype, k0) -> _Chunk:
     """Any mask: one masked fill; the first visible key of each row is found and left out."""
     idx = valid.to(torch.int8).argmax(-1, keepdim=True)  # (B|1, 1|H, C, 1) first visible
     present = valid.gather(-1, idx).squeeze(-1)
-    idx_full = idx.expand(*z.shape[:-1], 1)
-    first = z.gather(-1, idx_full).squeeze(-1).to(torch.float64)
+    first = z.gather(-1, idx.expand(*z.shape[:-1], 1)).squeeze(-1)
+    first = torch.where(present, first, torch.zeros((), dtype=z.dtype, device=z.device))
     rest_valid = valid.scatter(-1, idx, False)
-    rest = block_sums(z, rest_valid)
-    chunk = _Chunk(rest, torch.where(present, first, torch.zeros_like(first)), present)
-    if value is not None:
-        keys = merge(rest, single(first, present))
-        m = torch.where(torch.isfinite(keys.m), keys.m, 0).to(z.dtype).unsqueeze(-1)
-        e = (z - m).masked_fill(~valid, 0.0).exp().masked_fill(~valid, 0.0)
-        chunk.out, chunk.out_m = [_grouped_matmul(e, value[:, :, k0 : k0 + z.shape[-1]].to(dtype))], [keys.m]
+    rest = raw_block_sums(z, rest_valid)
+    chunk = _Chunk(_empty(z), rest, first, present)
+    if value is not None:  # every visible key, first included, relative to their max
+        keys = merge(normalized(rest), single(first, present))
+        m = torch.where(torch.isfinite(keys.m), keys.m, 0).to(z.dtype)
+        zz = z.masked_fill(~valid, 0.0)  # no NaN from hidden keys
+        chunk.out, chunk.out_m = _fused_part(zz, m, valid, value[:, :, k0 : k0 + z.shape[-1]], dtype), m
     return chunk
 
 
-def _cat_sums(parts: list[Sums]) -> Sums:
-    return Sums(*(torch.cat([getattr(p, f) for p in parts], dim=2) for f in Sums.__dataclass_fields__))
+def _cat_sums(parts: list[Sums], shape: tuple[int, ...]) -> Sums:
+    """Raw per-chunk sums, concatenated along the query rows."""
+    fields = Sums.__dataclass_fields__
+    return Sums(*(torch.cat([getattr(p, f).expand(shape[:2] + getattr(p, f).shape[2:]) for p in parts], dim=2) for f in fields))
 
 
 @torch.no_grad()
@@ -146,12 +174,17 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     tk = key.shape[2]
     off = mask.q_offset
     k = key.to(dtype)
-    structured = mask.mask is None and mask.sliding_window is None
+    structured = mask.mask is None and mask.sliding_window is None and tk > 0
+    # Causal rows without a mask tensor: the diagonal blocks of all chunks in one batch
+    # (without a position bias, which would need the blocks' bias slices).
+    diagonal = structured and mask.causal and bias is None
     chunks: list[_Chunk] = []
     for i0 in range(0, tq, chunk):
         i1 = min(tq, i0 + chunk)
         # Keys no row of the chunk can see are never multiplied.
         hi = min(tk, i1 + off) if (mask.mask is None and mask.causal) else tk
+        if diagonal:
+            hi = min(tk, i0 + off + 1)  # the keys every row of the chunk sees
         lo = 0
         if mask.mask is None and mask.sliding_window is not None:
             lo = max(0, min(hi, i0 + off - mask.sliding_window + 1))
@@ -159,8 +192,8 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
         z = _chunk_logits(q, k[:, :, lo:hi], scaling, softcap)  # (B, H, C, hi - lo)
         if bias is not None:
             z = z + bias[:, :, i0:i1, lo:hi].to(dtype)
-        if structured and hi > 0:
-            ch = _structured_chunk(z, mask, i0, i1, value, dtype)
+        if diagonal or (structured and not mask.causal):
+            ch = _structured_chunk(z, value, dtype)
         else:
             if mask.mask is None:
                 valid = _index_valid(mask, i0, i1, lo, hi, z.device)
@@ -173,8 +206,17 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
                     z = z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype)
             ch = _masked_chunk(z, valid, value, dtype, lo)
         chunks.append(ch)
-    rest = _cat_sums([c.rest for c in chunks])  # (B, H, Tq)
-    first = torch.cat([c.first for c in chunks], dim=2)
+    core = normalized(_cat_sums([c.core for c in chunks], (b, h)))  # (B, H, Tq)
+    diag_out = None
+    if diagonal:
+        edge_raw, diag_out = _diagonal(
+            query, key, value, scaling=scaling, softcap=softcap, chunk=chunk, off=off, dtype=dtype
+        )
+    else:
+        edge_raw = _cat_sums([c.edge for c in chunks], (b, h))
+    edge = normalized(edge_raw)
+    rest = merge(core, edge)
+    first = torch.cat([c.first for c in chunks], dim=2).to(torch.float64)  # (B, H, Tq)
     present = torch.cat([c.present.expand(b, h, -1) for c in chunks], dim=2)
     keys = merge(rest, single(first, present))
     ok = torch.ones(b, h, tq, dtype=torch.bool, device=query.device)
@@ -192,12 +234,21 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     out = None
     if value is not None:
         lse = stats_lse(keys, sink)  # (B, H, Tq)
-        pieces = []
+
+        def weighted(o, m):  # o relative to e^m, rescaled to probabilities
+            return o * (m.to(torch.float64) - lse).exp().to(o.dtype).unsqueeze(-1)
+
+        dv = value.shape[-1]
+        out = torch.zeros(b, h, tq, dv, dtype=dtype, device=query.device)
         for i, c in enumerate(chunks):
-            row_lse = lse[:, :, i * chunk : i * chunk + c.first.shape[2]]
-            acc = sum(o * (m - row_lse).exp().to(o.dtype).unsqueeze(-1) for o, m in zip(c.out, c.out_m, strict=True))
-            pieces.append(acc)
-        out = torch.cat(pieces, dim=2)  # (B, H, Tq, Dv)
+            if c.out is not None:
+                out[:, :, i * chunk : i * chunk + c.out.shape[2]] += c.out
+        m_part = torch.cat([c.out_m if c.out_m is not None else torch.full_like(c.first, float("-inf")) for c in chunks], dim=2)
+        out = weighted(out, m_part)
+        if structured:  # key 0 was kept apart
+            out = out + weighted(_grouped_matmul(torch.ones(b, h, tq, 1, dtype=dtype, device=out.device), value[:, :, :1].to(dtype)), first)
+        if diag_out is not None:
+            out = out + weighted(diag_out, edge_raw.m)
         out = torch.where(present.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype, device=out.device))
         out = out.to(query.dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv) like HF
     return names, sums, counts, out

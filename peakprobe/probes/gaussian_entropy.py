@@ -169,23 +169,48 @@ def expected_entropy(beta: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
 def beta_eff(entropy: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """The inverse temperature at which Gaussian logits over n options have this entropy.
 
-    entropy, n: same shape (n >= 2 where the result is used; other entries give 0). The result
-    is float64, in [0, B_GRID[-1] * sqrt(2 ln n)] (clamped outside the table, see the module
-    docstring)."""
-    n = n.to(torch.float64).clamp(min=2)
+    entropy, n: broadcastable (n >= 2 where the result is used; other entries give 0). The
+    result is float64, in [0, B_GRID[-1] * sqrt(2 ln n)] (clamped outside the table, see the
+    module docstring). Per row, a binary search over the knots of the row's curve (the two
+    tabulated n around it, combined on the fly), then the root of the linear piece."""
+    entropy, n = torch.broadcast_tensors(entropy.to(torch.float64), n.to(torch.float64))
+    n = n.clamp(min=2)
     log_n = n.log()
-    _, b_grid, _ = curve_table()
-    b_grid = b_grid.to(n.device)
-    curves = _curves_at(log_n)  # (..., Nb), decreasing in b
-    h = (entropy.to(torch.float64) / log_n).unsqueeze(-1)  # (..., 1)
-    # first knot whose value is below h: the root lies in [j - 1, j]
-    j = torch.searchsorted(-curves.contiguous(), -h.contiguous(), right=False)
-    j = j.clamp(1, len(b_grid) - 1)
-    hi_v, lo_v = curves.gather(-1, j - 1), curves.gather(-1, j)  # hi_v >= h > lo_v inside
-    t = ((hi_v - h) / (hi_v - lo_v).clamp(min=1e-300)).clamp(0.0, 1.0)
-    b = b_grid[j - 1] + (b_grid[j] - b_grid[j - 1]) * t
-    b = torch.where(h >= curves[..., :1], torch.zeros_like(b), b)
-    return (b.squeeze(-1) * vocab.peaked_threshold(n)).to(torch.float64)
+    ln_grid, b_grid, table = curve_table()
+    ln_grid, b_grid = ln_grid.to(n.device), b_grid.to(n.device)
+    flat = table.to(n.device).reshape(-1)
+    nb = b_grid.numel()
+    x = log_n.clamp(ln_grid[0], ln_grid[-1])
+    i = torch.searchsorted(ln_grid, x.contiguous(), right=True, out_int32=True)
+    i = i.clamp(1, len(ln_grid) - 1)
+    shape = i.shape
+
+    def take(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # table[idx], fast on CPU
+        return table.index_select(0, idx.reshape(-1)).view(shape)
+
+    ln0, ln1 = take(ln_grid, i - 1), take(ln_grid, i)
+    w = (x - ln0) / (ln1 - ln0)
+    row0, row1 = (i - 1) * nb, i * nb
+
+    def curve(j: torch.Tensor) -> torch.Tensor:  # the row's normalised curve at knot j
+        lo_v, hi_v = take(flat, row0 + j), take(flat, row1 + j)
+        return lo_v + (hi_v - lo_v) * w
+
+    h = entropy / log_n
+    lo = torch.zeros_like(i)  # curve(lo) >= h (when h <= 1)
+    hi = torch.full_like(i, nb - 1)
+    for _ in range(max(1, (nb - 1).bit_length())):
+        mid = (lo + hi + 1) >> 1
+        above = curve(mid) >= h
+        lo = torch.where(above, mid, lo)
+        hi = torch.where(above, hi, mid - 1)
+    j = lo.clamp(max=nb - 2)
+    c0, c1 = curve(j), curve(j + 1)
+    t = ((c0 - h) / (c0 - c1).clamp(min=1e-300)).clamp(0.0, 1.0)
+    b0, b1 = take(b_grid, j), take(b_grid, j + 1)
+    b = b0 + (b1 - b0) * t
+    b = torch.where(h >= 1.0, torch.zeros_like(b), b)
+    return b * vocab.peaked_threshold(n)
 
 
 def _write_table(path: str) -> None:

@@ -18,22 +18,16 @@ import torch
 from .. import vocab
 from .gaussian_entropy import beta_eff
 
-#: names of the sink-excluded statistics, in the order ``finish`` emits them
-XSINK_BASE: tuple[str, ...] = (
-    "entropy", "max_prob", "logit_std", "peaked", vocab.BETA_EFF, vocab.PEAKED_ENTROPY,
-)  # fmt: skip
-XSINK_METRICS: tuple[str, ...] = tuple(name + vocab.XSINK_SUFFIX for name in XSINK_BASE)
-ENTROPY_PEAKEDNESS: tuple[str, ...] = (vocab.BETA_EFF, vocab.PEAKED_ENTROPY)
+XSINK_METRICS = vocab.XSINK_METRICS
 
 
 def attn_metric_names(sinks: bool = False) -> tuple[str, ...]:
     """Every attention statistic, in emission order (``sink_prob`` last, for sink models)."""
-    names = vocab.ATTN_METRICS + ENTROPY_PEAKEDNESS + XSINK_METRICS
-    return names + ((vocab.SINK_PROB,) if sinks else ())
+    return vocab.ATTN_PROBE_METRICS + ((vocab.SINK_PROB,) if sinks else ())
 
 
 #: the LM head's statistics, in emission order
-LM_HEAD_METRICS: tuple[str, ...] = vocab.LM_METRICS + ENTROPY_PEAKEDNESS
+LM_HEAD_METRICS: tuple[str, ...] = vocab.LM_PROBE_METRICS
 
 
 @dataclass
@@ -71,69 +65,96 @@ def _low(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min / 4
 
 
-def top2(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Largest and second largest of each row of x (..., N), N >= 2, as ``topk(2)`` gives them.
+#: lower clamp of z - max before exp (e^-69 ~ 1e-30; e^-690 ~ 1e-300 for float64)
+_CLAMP = {torch.float32: -69.0, torch.float64: -690.0}
 
-    Long rows: one pass of max over groups of 16, then top-2 of the group maxima and of the
-    winning group (``topk`` on the whole row is several times slower on CPU)."""
+
+def top2(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Largest and second largest of each row of x (..., N), N >= 2, as ``topk(2)`` gives them
+    (a tied maximum counts twice).
+
+    Rows of 32 or more: one elementwise max over 16 strided slices (groups j, j + G, j + 2G, ...), then
+    the argmax group and the runner-up group on the 16x smaller maxima (``topk`` on the whole
+    row is several times slower on CPU)."""
     n = x.shape[-1]
-    if n < 64:
-        v = x.topk(2, dim=-1).values
-        return v[..., 0], v[..., 1]
-    g = 16
-    n16 = n // g * g
-    xb = x[..., :n16].unflatten(-1, (n16 // g, g))  # (..., N/16, 16)
-    gmax = xb.amax(-1)  # (..., N/16)
-    gv, gi = gmax.topk(2, dim=-1)
-    idx = gi[..., :1].unsqueeze(-1).expand(*gi.shape[:-1], 1, g)
-    inner = xb.gather(-2, idx).squeeze(-2)  # (..., 16) the winning group
-    cands = [inner, gv[..., 1:]]
-    if n16 < n:
-        cands.append(x[..., n16:])
-    v = torch.cat(cands, -1).topk(2, dim=-1).values
-    return v[..., 0], v[..., 1]
+    if n < 32:
+        m, i = x.max(-1, keepdim=True)
+        return m.squeeze(-1), x.scatter(-1, i, float("-inf")).amax(-1)
+    g = n // 16
+    xb = x[..., : 16 * g].unflatten(-1, (16, g))  # (..., 16, G): column j of slice i is i*G + j
+    gmax = xb.amax(-2)  # (..., G) group j = {j, j + G, ...}
+    m, gi = gmax.max(-1, keepdim=True)  # (..., 1)
+    runner = gmax.scatter(-1, gi, float("-inf")).amax(-1)  # best other group
+    idx = gi.unsqueeze(-2).expand(*gi.shape[:-1], 16, 1)
+    inner = xb.gather(-1, idx).squeeze(-1)  # (..., 16) the winning group
+    inner_second = inner.scatter(-1, inner.argmax(-1, keepdim=True), float("-inf")).amax(-1)
+    m2 = torch.maximum(runner, inner_second)
+    if 16 * g < n:  # the tail: at most 15 columns
+        tail = x[..., 16 * g :]
+        both = torch.cat([tail, m, m2.unsqueeze(-1)], -1).topk(2, dim=-1).values
+        return both[..., 0], both[..., 1]
+    return m.squeeze(-1), m2
 
 
 def block_sums(x: torch.Tensor, valid: torch.Tensor | None = None) -> Sums:
     """Per-row ``Sums`` of x (..., N) over the options where ``valid`` (broadcastable bool) is
     True, or over all N when ``valid`` is None (no masking work at all). Passes over the block:
     top-2, z - m, exp, and four reductions; computed in x's dtype, returned in float64."""
+    return normalized(raw_block_sums(x, valid))
+
+
+def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None) -> Sums:
+    """``block_sums`` before ``normalized``: in x's dtype, and rows with no valid option (or
+    one) hold placeholders. Raw sums of several blocks can be concatenated and normalised at
+    once (fewer small operations per block)."""
     rows = x.shape[:-1]
-    f64 = torch.float64
     n_cols = x.shape[-1]
     if n_cols == 0:
-        zero = torch.zeros(rows, dtype=f64, device=x.device)
-        ninf = torch.full(rows, float("-inf"), dtype=f64, device=x.device)
-        return Sums(zero, ninf, ninf.clone(), zero, zero, zero, zero)
+        zero = torch.zeros(rows, dtype=x.dtype, device=x.device)
+        return Sums(zero, zero, zero, zero, zero, zero, zero)
     if valid is not None:
         x = x.masked_fill(~valid, _low(x.dtype))  # also drops NaN at hidden keys
-        n = valid.sum(-1).to(f64).expand(rows)
+        n = valid.sum(-1).to(x.dtype).expand(rows)
     else:
-        n = torch.full(rows, float(n_cols), dtype=f64, device=x.device)
+        n = torch.full((), float(n_cols), dtype=x.dtype, device=x.device).expand(rows)
     if n_cols >= 2:
         m, m2 = top2(x)
     else:
         m = x[..., 0]
-        m2 = torch.full_like(m, float("-inf"))
+        m2 = m
     d = x - m.unsqueeze(-1)  # (..., N) <= 0
-    e = d.exp()
+    # exp(d) for d below ~-87 (float32) takes a slow path on CPU (denormal or zero results,
+    # tens of times slower): clamp where e^d is below 1e-30 of the row's largest term. The
+    # clamped terms (hidden keys included) add at most N e^-69 to s: nothing at float32 or
+    # float64 precision.
+    c = d.clamp(min=_CLAMP[x.dtype]) if x.dtype in _CLAMP else d.clone()
+    e = c.exp()
     s = e.sum(-1)
-    a = torch.linalg.vecdot(e, d)  # masked entries: 0 * (low - m) = 0
+    a = e.mul_(c).sum(-1)
+    del c, e
     if valid is not None:
         d.masked_fill_(~valid, 0.0)
     d1 = d.sum(-1)
-    d2 = torch.linalg.vecdot(d, d)
+    d2 = d.mul_(d).sum(-1)
+    return Sums(n, m, m2, s, a, d1, d2)
+
+
+def normalized(r: Sums) -> Sums:
+    """float64 ``Sums`` with the conventions of empty rows (m = m2 = -inf, sums 0) and of
+    one-option rows (m2 = -inf) applied to raw sums."""
+    f64 = torch.float64
+    n = r.n.to(f64)
     has, two = n > 0, n > 1
-    ninf = torch.tensor(float("-inf"), dtype=f64, device=x.device)
-    zero = torch.zeros((), dtype=f64, device=x.device)
+    ninf = torch.tensor(float("-inf"), dtype=f64, device=n.device)
+    zero = torch.zeros((), dtype=f64, device=n.device)
     return Sums(
         n,
-        torch.where(has, m.to(f64), ninf),
-        torch.where(two, m2.to(f64), ninf),
-        torch.where(has, s.to(f64), zero),
-        torch.where(has, a.to(f64), zero),
-        torch.where(has, d1.to(f64), zero),
-        torch.where(has, d2.to(f64), zero),
+        torch.where(has, r.m.to(f64), ninf),
+        torch.where(two, r.m2.to(f64), ninf),
+        torch.where(has, r.s.to(f64), zero),
+        torch.where(has, r.a.to(f64), zero),
+        torch.where(has, r.d1.to(f64), zero),
+        torch.where(has, r.d2.to(f64), zero),
     )
 
 
