@@ -103,7 +103,7 @@ def _structured_chunk(z, value, dtype) -> _Chunk:
     """Causal (or full) structure, no mask tensor, no window: z holds key 0 and the keys every
     row of the chunk sees (no mask work at all); the diagonal block is done apart."""
     core = raw_block_sums(z[..., 1:])
-    first = z[..., 0]
+    first = z[..., 0].clone()  # no view: the chunk's block must not stay alive
     present = torch.ones(1, 1, z.shape[2], dtype=torch.bool, device=z.device)
     chunk = _Chunk(core, _empty(z), first, present)
     if value is not None and z.shape[-1] > 1:
@@ -179,7 +179,9 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     # (without a position bias, which would need the blocks' bias slices).
     diagonal = structured and mask.causal and bias is None
     chunks: list[_Chunk] = []
-    for i0 in range(0, tq, chunk):
+    # Longest key ranges first: every later block fits in memory an earlier one freed (the
+    # allocator then reuses it instead of growing the heap).
+    for i0 in reversed(range(0, tq, chunk)):
         i1 = min(tq, i0 + chunk)
         # Keys no row of the chunk can see are never multiplied.
         hi = min(tk, i1 + off) if (mask.mask is None and mask.causal) else tk
@@ -206,6 +208,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
                     z = z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype)
             ch = _masked_chunk(z, valid, value, dtype, lo)
         chunks.append(ch)
+    chunks.reverse()
     core = normalized(_cat_sums([c.core for c in chunks], (b, h)))  # (B, H, Tq)
     diag_out = None
     if diagonal:

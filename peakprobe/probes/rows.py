@@ -120,7 +120,7 @@ def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None) -> Sums:
     if n_cols >= 2:
         m, m2 = top2(x)
     else:
-        m = x[..., 0]
+        m = x[..., 0].clone()  # no view: the sums must not keep the block alive
         m2 = m
     d = x - m.unsqueeze(-1)  # (..., N) <= 0
     # exp(d) for d below ~-87 (float32) takes a slow path on CPU (denormal or zero results,
