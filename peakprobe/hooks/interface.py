@@ -5,7 +5,9 @@ transformers' ``AttentionInterface`` (and the original implementation's mask fun
 same name with ``AttentionMaskInterface``, so the model still builds the masks it always did), and
 the model is switched to it with ``set_attn_implementation``. Every attention call then reaches
 ``Probe._attention``, which streams the per-head statistics from the query/key states and hands
-the call on to the model's original attention function, so the model's outputs are unchanged.
+the call on to the model's original attention function, so the model's outputs are unchanged
+(with ``ProbeConfig(fused=True)`` the output is computed from the probe's own scores instead:
+QK^T once, outputs within float rounding of eager attention).
 The LM head is read from the model's returned logits (exactly what its softmax sees, final
 softcapping included) by a forward hook on the model. ``attach`` undoes all of it on exit.
 """

@@ -102,13 +102,13 @@ def _fused_part(z, m, valid, v, dtype) -> torch.Tensor:
 def _structured_chunk(z, value, dtype) -> _Chunk:
     """Causal (or full) structure, no mask tensor, no window: z holds key 0 and the keys every
     row of the chunk sees (no mask work at all); the diagonal block is done apart."""
-    core = raw_block_sums(z[..., 1:])
     first = z[..., 0].clone()  # no view: the chunk's block must not stay alive
     present = torch.ones(1, 1, z.shape[2], dtype=torch.bool, device=z.device)
-    chunk = _Chunk(core, _empty(z), first, present)
-    if value is not None and z.shape[-1] > 1:
-        chunk.out, chunk.out_m = _fused_part(z[..., 1:], core.m, None, value[:, :, 1 : z.shape[-1]], dtype), core.m
-    return chunk
+    if value is not None and z.shape[-1] > 1:  # the output from the same exponentials
+        v = value[:, :, 1 : z.shape[-1]].to(dtype)
+        core, out = raw_block_sums(z[..., 1:], weigh=lambda e: _grouped_matmul(e, v))
+        return _Chunk(core, _empty(z), first, present, out, core.m)
+    return _Chunk(raw_block_sums(z[..., 1:]), _empty(z), first, present)
 
 
 def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype):
@@ -129,19 +129,20 @@ def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype):
         z = z.tanh_().mul_(softcap)
     r = torch.arange(chunk, device=z.device)
     valid = (r.view(1, chunk) >= 1) & (r.view(1, chunk) <= r.view(chunk, 1))  # (C, C): 1 <= t <= row
-    sums = raw_block_sums(z, valid)
-    sums = Sums(*(getattr(sums, f).reshape(b, h, n_c * chunk)[:, :, :tq] for f in Sums.__dataclass_fields__))
     out = None
-    if value is not None:
+    if value is not None:  # the output from the same exponentials
         v = torch.nn.functional.pad(value[:, :, off : off + tq].to(dtype), (0, 0, 0, pad))
-        m = sums_m = sums.m
-        del sums_m
-        mp = torch.nn.functional.pad(m, (0, pad)).view(b, h, n_c, chunk)
-        e = (z - mp.unsqueeze(-1)).clamp_(max=0.0).exp_().masked_fill_(~valid, 0.0)
         dv = v.shape[-1]
         vg = v.view(b, hkv, 1, n_c, chunk, dv)
-        o = torch.matmul(e.view(b, hkv, h // hkv, n_c, chunk, chunk), vg)  # (B, Hkv, G, nC, C, Dv)
-        out = o.reshape(b, h, n_c * chunk, dv)[:, :, :tq]
+
+        def weigh(e):  # (B, H, nC, C, C) -> (B, H, Tq, Dv); hidden keys: e <= e^-69
+            o = torch.matmul(e.view(b, hkv, h // hkv, n_c, chunk, chunk), vg)
+            return o.reshape(b, h, n_c * chunk, dv)[:, :, :tq]
+
+        sums, out = raw_block_sums(z, valid, weigh=weigh)
+    else:
+        sums = raw_block_sums(z, valid)
+    sums = Sums(*(getattr(sums, f).reshape(b, h, n_c * chunk)[:, :, :tq] for f in Sums.__dataclass_fields__))
     return sums, out
 
 

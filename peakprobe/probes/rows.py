@@ -103,10 +103,14 @@ def block_sums(x: torch.Tensor, valid: torch.Tensor | None = None) -> Sums:
     return normalized(raw_block_sums(x, valid))
 
 
-def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None) -> Sums:
+def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=None):
     """``block_sums`` before ``normalized``: in x's dtype, and rows with no valid option (or
     one) hold placeholders. Raw sums of several blocks can be concatenated and normalised at
-    once (fewer small operations per block)."""
+    once (fewer small operations per block).
+
+    ``weigh``: a function of the block's e^(z - m) (valid entries; hidden ones are below
+    e^-69), e.g. their product with the values (the fused attention output); then the result
+    is ``(sums, weigh(e))``."""
     rows = x.shape[:-1]
     n_cols = x.shape[-1]
     if n_cols == 0:
@@ -130,13 +134,15 @@ def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None) -> Sums:
     c = d.clamp(min=_CLAMP[x.dtype]) if x.dtype in _CLAMP else d.clone()
     e = c.exp()
     s = e.sum(-1)
+    weighed = None if weigh is None else weigh(e)
     a = e.mul_(c).sum(-1)
     del c, e
     if valid is not None:
         d.masked_fill_(~valid, 0.0)
     d1 = d.sum(-1)
     d2 = d.mul_(d).sum(-1)
-    return Sums(n, m, m2, s, a, d1, d2)
+    sums = Sums(n, m, m2, s, a, d1, d2)
+    return sums if weigh is None else (sums, weighed)
 
 
 def normalized(r: Sums) -> Sums:
