@@ -5,7 +5,8 @@ t^(1/3) growth-law fits, and a per-head bottleneck report. The functions below m
 command line; importing the package loads nothing heavy.
 """
 
-from .api import RunResult, demo, fit, index, report, run, sweep
+from .api import FitCurveResult, RunResult, compare, demo, fit, fit_curve, index, report, run, sweep
 from .version import __version__
 
 __all__ = ["RunResult", "__version__", "demo", "fit", "index", "report", "run", "sweep"]
+__all__ += ["FitCurveResult", "compare", "fit_curve"]

@@ -1,21 +1,29 @@
 """The evaluation tokens: fixed windows, identical for every checkpoint, and their hash.
 
-``load_eval_data(spec, tokenizer)`` turns one of
+``load_eval_data(spec, tokenizer)`` reads documents from one of
 
-* ``embedded`` — the generated corpus of ``peakprobe.toy.corpus`` (held out from training seeds),
-* a path to a ``.txt`` file (the whole text is one document),
+* ``embedded`` — the generated corpus of ``peakprobe.corpus`` (a held-out seed stream),
+* a path to a ``.txt`` file (documents are separated by blank lines),
 * a path to a ``.jsonl`` file (one document per line, in its ``text_field``),
 * ``hf:NAME[:CONFIG]:SPLIT`` — a ``datasets`` dataset, loaded through the user's own cache and
   configuration (``HF_DATASETS_OFFLINE=1`` is honoured by ``datasets`` itself),
 
-into ``n_windows`` windows of ``window`` tokens: documents are tokenized in order (no special
-tokens), each followed by the tokenizer's eos token, concatenated, and cut into consecutive
-non-overlapping windows; the first ``n_windows`` are kept. Nothing is shuffled, so the same
-inputs always give the same windows. The windows are full, so the attention mask is all ones.
+and lays them out as ``n_windows`` windows of ``window`` tokens (no special tokens added):
 
-``token_hash`` identifies the windows in the run manifest: ``"sha256:"`` + the hex SHA-256 of
-the tokens as little-endian int64 bytes (row-major) followed by the shape ``(N, T)`` as two
-little-endian int64 values.
+* ``layout="document"`` (the default, as the authors of the 1/3 work measure Pythia): one
+  document per window, truncated to ``window`` tokens and padded on the right; the attention
+  mask marks the real tokens. Documents with fewer than 2 tokens are skipped (no next token).
+* ``layout="packed"``: documents tokenized in order, each followed by the eos token,
+  concatenated and cut into consecutive full windows (mask all ones).
+
+Nothing is shuffled, so the same inputs always give the same windows. The manifest records the
+layout and ``token_hash``: ``"sha256:"`` + the hex SHA-256 of the tokens as little-endian int64
+bytes (row-major) followed by the shape ``(N, T)`` as two little-endian int64 values; the
+document layout also records ``mask_hash``, the same hash of the attention mask.
+
+The window must fit the model: ``window_for(config, window)`` gives the default (1024 tokens,
+clamped to the model's maximum positions, with a notice) and refuses an explicit window longer
+than the model's maximum positions with a one-line :class:`DataError`.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +39,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .vocab import PeakprobeWarning
+
 EMBEDDED = "embedded"
 HF_PREFIX = "hf:"
+DOCUMENT = "document"
+PACKED = "packed"
+LAYOUTS = (DOCUMENT, PACKED)
+#: the default window (the authors' 1024 tokens), clamped to the model's maximum positions
+DEFAULT_WINDOW = 1024
+#: config attributes that bound the positions a model was built (or trained) for
+_MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
 _DOC_CHUNK = 64  # documents tokenized per call
 
 
@@ -55,6 +73,7 @@ class EvalData:
     attention_mask: torch.Tensor  # (N, T) int64
     spec: str
     token_hash: str
+    layout: str = PACKED
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2 or self.input_ids.shape != self.attention_mask.shape:
@@ -81,16 +100,61 @@ class EvalData:
 
     def describe(self) -> dict:
         """The manifest's ``data`` entry."""
-        return {
+        out = {
             "spec": self.spec,
             "n_windows": self.n_windows,
             "window": self.window,
+            "layout": self.layout,
             "token_hash": self.token_hash,
         }
+        if self.layout == DOCUMENT:
+            out["mask_hash"] = token_hash(self.attention_mask)
+        return out
+
+
+class WindowNotice(PeakprobeWarning):
+    """The default window was shortened to fit the model's maximum positions."""
+
+
+def max_positions(config) -> int | None:
+    """The longest sequence the model's config admits (learned positions, or the trained
+    context of rotary models), or None when the config states none."""
+    for key in _MAX_POSITION_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def window_for(config, window: int | None) -> int:
+    """The window to use for a model with ``config``.
+
+    ``window=None`` means the default: DEFAULT_WINDOW tokens, clamped (with a WindowNotice) to the
+    model's maximum positions. An explicit window longer than those is refused: positions past
+    them are an IndexError for learned position embeddings and untrained context for rotary ones.
+    """
+    limit = max_positions(config)
+    if window is None:
+        if limit is not None and limit < DEFAULT_WINDOW:
+            warnings.warn(
+                f"windows of {limit} tokens: the model's maximum positions "
+                f"({limit}) are fewer than the default {DEFAULT_WINDOW}",
+                WindowNotice, stacklevel=2,
+            )
+            return limit
+        return DEFAULT_WINDOW
+    if window < 1:
+        raise DataError(f"window must be >= 1, got {window}")
+    if limit is not None and window > limit:
+        raise DataError(
+            f"windows of {window} tokens exceed the model's maximum positions ({limit}); "
+            f"use --window {limit} or less"
+        )
+    return window
 
 
 def _embedded_docs(seed: int) -> Iterator[str]:
-    from peakprobe.toy import corpus
+    from peakprobe import corpus
 
     start = 0
     while True:
@@ -99,7 +163,10 @@ def _embedded_docs(seed: int) -> Iterator[str]:
 
 
 def _text_docs(path: Path) -> Iterator[str]:
-    yield path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8")
+    for paragraph in text.replace("\r\n", "\n").split("\n\n"):
+        if paragraph.strip():
+            yield paragraph
 
 
 def _jsonl_docs(path: Path, text_field: str) -> Iterator[str]:
@@ -183,11 +250,12 @@ def load_eval_data(
     tokenizer,
     *,
     n_windows: int = 64,
-    window: int = 256,
+    window: int = DEFAULT_WINDOW,
     seed: int = 0,
     text_field: str = "text",
+    layout: str = DOCUMENT,
 ) -> EvalData:
-    """The first ``n_windows`` windows of ``window`` tokens of ``spec`` (see the module docstring).
+    """``n_windows`` windows of ``window`` tokens of ``spec`` in ``layout`` (module docstring).
 
     ``tokenizer`` is the checkpoint's (any ``transformers`` tokenizer). ``seed`` only picks the
     stream of the ``embedded`` corpus; file and dataset inputs are read in order. Raises
@@ -195,12 +263,24 @@ def load_eval_data(
     """
     if n_windows < 1 or window < 1:
         raise DataError(f"n_windows and window must be >= 1, got {n_windows} and {window}")
+    if layout not in LAYOUTS:
+        raise DataError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    docs = _chunks(_documents(spec, text_field, seed), _DOC_CHUNK)
+    if layout == DOCUMENT:
+        return _document_windows(docs, tokenizer, spec, n_windows, window)
+    return _packed_windows(docs, tokenizer, spec, n_windows, window)
+
+
+def _encode(tokenizer, chunk: list[str]) -> list[list[int]]:
+    return tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]
+
+
+def _packed_windows(docs, tokenizer, spec: str, n_windows: int, window: int) -> EvalData:
     need = n_windows * window
     eos = tokenizer.eos_token_id
     ids: list[int] = []
-    for chunk in _chunks(_documents(spec, text_field, seed), _DOC_CHUNK):
-        encoded = tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]
-        for doc_ids in encoded:
+    for chunk in docs:
+        for doc_ids in _encode(tokenizer, chunk):
             ids.extend(doc_ids)
             if eos is not None:
                 ids.append(eos)
@@ -216,7 +296,31 @@ def load_eval_data(
         )
     input_ids = torch.tensor(ids[:need], dtype=torch.long).view(n_windows, window)  # (N, T)
     attention_mask = torch.ones_like(input_ids)  # (N, T)
-    return EvalData(input_ids, attention_mask, spec, token_hash(input_ids))
+    return EvalData(input_ids, attention_mask, spec, token_hash(input_ids), PACKED)
+
+
+def _document_windows(docs, tokenizer, spec: str, n_windows: int, window: int) -> EvalData:
+    rows: list[list[int]] = []
+    for chunk in docs:
+        rows.extend(ids[:window] for ids in _encode(tokenizer, chunk) if len(ids) >= 2)
+        if len(rows) >= n_windows:
+            break
+    if not rows:
+        raise DataError(f"data {spec!r} is empty (no document of 2 or more tokens)")
+    if len(rows) < n_windows:
+        raise DataError(
+            f"data {spec!r} has {len(rows)} documents of 2 or more tokens, not {n_windows}: "
+            "the default layout puts one document in each window; lower --n-windows, give more "
+            "documents, or pass --layout packed"
+        )
+    pad = tokenizer.pad_token_id
+    pad = tokenizer.eos_token_id if pad is None else pad
+    input_ids, attention_mask = pad_batch(rows[:n_windows], 0 if pad is None else pad, "right")
+    if input_ids.shape[1] < window:  # every document was shorter: pad to the full window
+        extra = window - input_ids.shape[1]
+        input_ids = torch.nn.functional.pad(input_ids, (0, extra), value=0 if pad is None else pad)
+        attention_mask = torch.nn.functional.pad(attention_mask, (0, extra), value=0)
+    return EvalData(input_ids, attention_mask, spec, token_hash(input_ids), DOCUMENT)
 
 
 def pad_batch(

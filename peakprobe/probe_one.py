@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .vocab import site_label
+
 COLUMNS = ["logit_std", "peaked", "max_prob", "entropy_norm", "logit_top_gap", "first_key_prob"]
 
 
@@ -15,28 +17,29 @@ def probe_folder(
     *,
     text: str = "embedded",
     n_windows: int = 8,
-    window: int = 256,
+    window: int | None = None,
+    layout: str = "document",
     allow_pickle: bool = False,
     sensitivity: bool = False,
 ) -> pd.DataFrame:
-    """Tidy per-site statistics of the checkpoint in ``model_dir`` over ``text``."""
-    from transformers import AutoTokenizer
+    """Tidy per-site statistics of the checkpoint in ``model_dir`` over ``text``.
 
-    from .checkpoints_index import Checkpoint, CheckpointSequence
-    from .data import load_eval_data
+    A folder without a config or a loadable tokenizer is a one-line error (FileNotFoundError /
+    DataError), never a traceback. ``window=None`` is the default window fitted to the model's
+    maximum positions (``data.window_for``)."""
+    from .data import load_eval_data, window_for
     from .hooks import ProbeConfig
-    from .sweep import SweepConfig, load_model, probe_model
+    from .sweep import SweepConfig, load_config, load_model, load_tokenizer, probe_model
 
     folder = Path(model_dir)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a saved model folder (no config.json)")
-    ckpt = Checkpoint(revision=folder.name, step=0, tokens=None, tau=None, path=str(folder))
-    seq = CheckpointSequence(name=folder.name, source=str(folder), checkpoints=[ckpt],
-                             schedule=None, family=None)
     config = SweepConfig(allow_pickle=allow_pickle, prefetch=False,
                          probe=ProbeConfig(sensitivity=sensitivity))
-    data = load_eval_data(text, AutoTokenizer.from_pretrained(folder), n_windows=n_windows, window=window)
-    model = load_model(seq, ckpt, config, "cuda" if _cuda() else "cpu")
+    tok = load_tokenizer(folder)
+    window = window_for(load_config(str(folder), None, config), window)
+    data = load_eval_data(text, tok, n_windows=n_windows, window=window, layout=layout)
+    model = load_model(str(folder), None, config, "cuda" if _cuda() else "cpu")
     return probe_model(model, data, config)
 
 
@@ -53,10 +56,10 @@ def format_probe_table(frame: pd.DataFrame, sort_by: str = "logit_std") -> str:
         raise ValueError(f"unknown metric {sort_by!r}; choose from {', '.join(sorted(wide.columns))}")
     wide = wide.sort_values(sort_by, ascending=False)
     cols = [c for c in COLUMNS if c in wide.columns]
-    lines = [f"{'site':<12}" + "".join(f"{c:>16}" for c in cols)]
+    lines = [f"{'site':<14}" + "".join(f"{c:>16}" for c in cols)]
     for (kind, layer, head), row in wide.iterrows():
-        name = "lm_head" if kind == "lm_head" else f"L{layer}.H{head}"
+        name = site_label(kind, layer, head)
         cells = "".join(f"{'':>16}" if pd.isna(row.get(c)) else f"{row[c]:>16.4f}" for c in cols)
-        lines.append(f"{name:<12}{cells}")
+        lines.append(f"{name:<14}{cells}")
     lines.append("peaked = share of rows whose logit std exceeds sqrt(2 ln n) (n = options in the row)")
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """The run-directory contract: the tidy results schema, atomic writes, and reading a run back.
 
 A run directory holds ``manifest.json``, one ``checkpoints/<revision>.parquet`` per finished
-checkpoint, ``failures.jsonl``, and later ``fits.parquet`` / ``fits.json`` / ``report/``.
+checkpoint, ``failures.jsonl``, ``integrity.json`` (checkpoints whose weights duplicate
+another's), ``locks/`` (one lock file per checkpoint being probed), and later ``fits.parquet`` /
+``fits.json`` / ``report/``.
 Every stage reads and writes it only through this module, so the format lives in one place
 (see docs/architecture.md).
 """
@@ -17,6 +19,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from .vocab import INTEGRITY
 
 FORMAT = 1
 
@@ -61,7 +65,22 @@ FITS_SCHEMA = pa.schema(
         ("flags", pa.string()),
         ("first_value", pa.float64()),
         ("final_value", pa.float64()),
+        ("verdict", pa.string()),
+        ("band_lo", pa.float64()),
+        ("band_hi", pa.float64()),
+        ("third_in_ci", pa.bool_()),
+        ("peaked", pa.bool_()),
         ("site_class", pa.string()),
+        ("alpha_late", pa.float64()),
+        ("alpha_late_lo", pa.float64()),
+        ("alpha_late_hi", pa.float64()),
+        ("p_growing", pa.float64()),
+        ("q_growing", pa.float64()),
+        ("share", pa.float64()),
+        ("share_lo", pa.float64()),
+        ("share_hi", pa.float64()),
+        ("p_share", pa.float64()),
+        ("q_share", pa.float64()),
         ("sensitivity", pa.float64()),
     ]
 )
@@ -72,6 +91,7 @@ FAILURES = "failures.jsonl"
 FITS = "fits.parquet"
 FITS_JSON = "fits.json"
 REPORT = "report"
+LOCKS = "locks"
 
 
 class RunDirError(ValueError):
@@ -141,10 +161,34 @@ def append_failure(run_dir: str | os.PathLike, record: dict) -> None:
 
 
 def read_failures(run_dir: str | os.PathLike) -> list[dict]:
+    """The latest failure of each checkpoint that has not been written since (a checkpoint that
+    failed and later succeeded on resume is not a failure)."""
     path = Path(run_dir) / FAILURES
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    latest: dict[str, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            latest.pop(record.get("revision"), None)  # keep file order, latest record wins
+            latest[record.get("revision")] = record
+    return [r for rev, r in latest.items() if rev is None or not checkpoint_path(run_dir, rev).exists()]
+
+
+def write_integrity(run_dir: str | os.PathLike, record: dict) -> None:
+    """Write ``integrity.json`` (format in docs/architecture.md) atomically."""
+    write_json(Path(run_dir) / INTEGRITY, record)
+
+
+def read_integrity(run_dir: str | os.PathLike) -> dict[str, dict]:
+    """Flagged checkpoints of a run: ``{revision: {"step", "duplicates", "files", "whole"}}``.
+
+    Its keys are the revisions to exclude from fits (``set(read_integrity(run))``); empty when
+    the run has no ``integrity.json``."""
+    path = Path(run_dir) / INTEGRITY
+    if not path.exists():
+        return {}
+    return dict(read_json(path).get("flagged", {}))
 
 
 def read_manifest(run_dir: str | os.PathLike) -> dict:

@@ -4,9 +4,15 @@ Each checkpoint's tidy results land in ``RUN/checkpoints/<revision>.parquet`` at
 interrupted sweep loses at most the checkpoint in flight and a re-run with the same manifest
 skips what is done. A checkpoint that fails to load or run goes to ``failures.jsonl`` and the
 sweep moves on. The next checkpoint loads in a background thread while the current one runs.
-Several processes (``accelerate launch -m peakprobe sweep ...``, or ``--processes N``) split
-the checkpoint list between them and write disjoint files, so their union equals a
-one-process run.
+
+Scale-out lives here only: ``processes=N`` fans the checkpoints out over N local processes;
+under ``accelerate launch`` / ``torchrun`` each rank takes its share; ``shard=(K, N)`` (CLI
+``--shard K/N``) takes every N-th checkpoint from the K-th, so Slurm / PBS job arrays split a
+sweep with no launcher. Every checkpoint is probed under a lock file (``RUN/locks/``), so two
+sweeps on one run directory never probe the same checkpoint; the union of any split equals a
+one-process run. Before probing, ``integrity.json`` records checkpoints whose weight files
+duplicate another's; ``prune_cache`` deletes each hub revision this sweep downloaded from the
+HF cache once its results are written. :func:`load_tokenizer` is the one tokenizer loader.
 """
 
 from __future__ import annotations
@@ -14,21 +20,26 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import sys
 import traceback
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
+from filelock import FileLock, Timeout
 from tqdm.auto import tqdm
 
 from . import results
 from .checkpoints_index import Checkpoint, CheckpointSequence
-from .data import EvalData
+from .checkpoints_index.cache import cached_refs, delete_cached_revisions, hub_cache_dir
+from .checkpoints_index.integrity import integrity_record
+from .data import DataError, EvalData
 from .hooks import ProbeConfig, UnsupportedModelError, attach
+from .hooks.attribution import attribute
 from .version import __version__
 
 DTYPES = {
@@ -51,6 +62,7 @@ class SweepConfig:
     the checkpoint's own). device: ``auto`` (the process's accelerator if any, else CPU),
     ``cpu`` or ``cuda[:i]``. device_map: ``auto`` spreads large checkpoints over the available
     devices (accelerate). allow_pickle: accept ``pytorch_model.bin`` weights (they can run code).
+    local_files_only: read hub revisions from the HF cache only (offline, or hub unreachable).
     """
 
     batch_size: int = 8
@@ -60,6 +72,7 @@ class SweepConfig:
     allow_pickle: bool = False
     trust_remote_code: bool = False
     prefetch: bool = True
+    local_files_only: bool = False
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def __post_init__(self) -> None:
@@ -71,10 +84,15 @@ class SweepConfig:
 
 @dataclass
 class SweepSummary:
+    """What one sweep did: probed (done), already there (skipped), failed, held by another
+    process (busy), and deleted from the HF cache (pruned)."""
+
     run_dir: Path
     done: list[str]
     skipped: list[str]
     failed: list[str]
+    busy: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
 
 
 @contextmanager
@@ -95,14 +113,14 @@ def _has_safetensors(folder: Path) -> bool:
     return any(folder.glob("*.safetensors"))
 
 
-def load_model(seq: CheckpointSequence, ckpt: Checkpoint, config: SweepConfig, device: str):
-    """Load one checkpoint: a local folder, or a hub revision (``seq.source`` at ``revision``)."""
+def load_model(source: str, revision: str | None, config: SweepConfig, device: str):
+    """Load one checkpoint: a local folder (``revision`` ignored), or hub ``source`` at ``revision``."""
     from transformers import AutoModelForCausalLM
 
     kwargs: dict = {"trust_remote_code": config.trust_remote_code}
     kwargs["dtype"] = "auto" if config.dtype == "auto" else DTYPES[config.dtype]
-    if ckpt.path is not None:
-        folder = Path(ckpt.path)
+    folder = Path(source).expanduser()
+    if folder.is_dir():
         if not _has_safetensors(folder):
             if not config.allow_pickle:
                 raise SweepError(
@@ -114,8 +132,8 @@ def load_model(seq: CheckpointSequence, ckpt: Checkpoint, config: SweepConfig, d
             kwargs["use_safetensors"] = True
         source, revision = str(folder), None
     else:
-        source, revision = seq.source, ckpt.revision
         kwargs["use_safetensors"] = None if config.allow_pickle else True
+        kwargs.update(cache_dir=str(hub_cache_dir()), local_files_only=config.local_files_only)
     if config.device_map is not None:
         kwargs["device_map"] = config.device_map
     with quiet_transformers_progress():
@@ -123,6 +141,59 @@ def load_model(seq: CheckpointSequence, ckpt: Checkpoint, config: SweepConfig, d
     if config.device_map is None:
         model = model.to(device)
     return model.eval()
+
+
+def load_config(source: str, revision: str | None, config: SweepConfig):
+    """The model config of one checkpoint (a small file, read before any weights), from the same
+    place ``load_model`` would load it; a one-line DataError when it cannot be read."""
+    from transformers import AutoConfig
+
+    kwargs: dict = {"trust_remote_code": config.trust_remote_code}
+    folder = Path(source).expanduser()
+    if folder.is_dir():
+        source, revision = str(folder), None
+    else:
+        kwargs.update(cache_dir=str(hub_cache_dir()), local_files_only=config.local_files_only)
+    try:
+        return AutoConfig.from_pretrained(source, revision=revision, **kwargs)
+    except Exception as exc:  # OSError, hub errors: one line
+        at = f"{source}@{revision}" if revision else source
+        raise DataError(f"cannot read the model config of {at} ({type(exc).__name__})") from exc
+
+
+def load_tokenizer(
+    where: str | os.PathLike | CheckpointSequence,
+    tokenizer: str | None = None,
+    *,
+    local_files_only: bool = False,
+):
+    """The one tokenizer loader: ``tokenizer`` (a folder or hub id) when given; else the one
+    saved with ``where`` (a folder), or, for a checkpoint sequence, with its first checkpoint
+    (folder or hub revision), then with the repo's ``main``. Never requires ``main``.
+
+    Raises :class:`DataError` (one line) when none loads."""
+    from transformers import AutoTokenizer
+
+    if tokenizer is not None:
+        tries = [(str(tokenizer), None)]
+    elif isinstance(where, CheckpointSequence):
+        first = where[0]
+        tries = [(first.path, None)] if first.path else [(where.source, first.revision), (where.source, "main")]
+    else:
+        tries = [(str(where), None)]
+    hub = {} if Path(tries[0][0]).expanduser().is_dir() else {
+        "cache_dir": str(hub_cache_dir()), "local_files_only": local_files_only}
+    errors = []
+    for source, revision in dict.fromkeys(tries):
+        try:
+            with quiet_transformers_progress():
+                return AutoTokenizer.from_pretrained(source, revision=revision, **hub)
+        except Exception as exc:  # OSError, ValueError, hub errors: try the next, then one line
+            errors.append(f"{source}{'@' + revision if revision else ''} ({type(exc).__name__})")
+    raise DataError(
+        f"cannot load a tokenizer from {', '.join(errors)}; pass --tokenizer PATH to a local "
+        "tokenizer folder"
+    )
 
 
 def _identity(manifest: dict) -> dict:
@@ -138,6 +209,7 @@ def build_manifest(seq: CheckpointSequence, data: EvalData, config: SweepConfig,
         "model": seq.name,
         "source": seq.source,
         "family": seq.family,
+        "fit_start_step": seq.fit_start_step,
         "schedule": None if seq.schedule is None else seq.schedule.to_json(),
         "checkpoints": [c.to_dict() for c in seq],
         "data": data.describe(),
@@ -167,14 +239,16 @@ def prepare_run_dir(run_dir: Path, manifest: dict, *, force: bool) -> None:
     if force and run_dir.exists():
         for name in (results.CHECKPOINTS, results.REPORT):
             shutil.rmtree(run_dir / name, ignore_errors=True)
-        for name in (results.FAILURES, results.FITS, results.FITS_JSON):
+        for name in (results.FAILURES, results.FITS, results.FITS_JSON, results.INTEGRITY):
             (run_dir / name).unlink(missing_ok=True)
     (run_dir / results.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
     results.write_json(path, manifest)
 
 
 def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = False, desc: str = "") -> pd.DataFrame:
-    """Per-site statistics of one loaded model over all evaluation windows (tidy frame)."""
+    """Per-site statistics of one loaded model over all evaluation windows (tidy frame), plus the
+    attribution metrics (sensitivity, curvature, gain, log_beta_opt) over the first
+    ``config.probe.attribution_windows`` windows when ``config.probe.attribution``."""
     n_batches = -(-data.n_windows // config.batch_size)
     with attach(model, config.probe) as probe:
         for ids, mask in tqdm(
@@ -182,7 +256,16 @@ def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = 
             disable=not progress, unit="batch",
         ):
             probe.run_batch(ids, mask)
-        return probe.to_frame()
+        frame = probe.to_frame()
+    if not config.probe.attribution:
+        return frame
+    n = min(config.probe.attribution_windows, data.n_windows)
+    ids, mask, bs = data.input_ids[:n], data.attention_mask[:n], config.batch_size
+    subset = [(ids[i : i + bs], mask[i : i + bs]) for i in range(0, n, bs)]  # (b, T) each
+    extra = attribute(model, subset, heads=config.probe.attribution_heads, progress=progress,
+                      desc=f"{desc} attribution".strip())
+    frame = pd.concat([frame, extra], ignore_index=True)
+    return frame.sort_values(["site_kind", "layer", "head", "metric"], kind="stable").reset_index(drop=True)
 
 
 def _tidy(frame: pd.DataFrame, seq: CheckpointSequence, ckpt: Checkpoint) -> pd.DataFrame:
@@ -205,28 +288,122 @@ def shard_info() -> tuple[int, int, str]:
     return 0, 1, "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _loader(seq, todo, config, device) -> Iterator[tuple[Checkpoint, object]]:
-    """Yield (checkpoint, model or exception), loading the next one in a background thread."""
-    if not todo:
-        return
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> (K, N) with 0 <= K < N; a one-line :class:`SweepError` otherwise."""
+    k, sep, n = str(text).partition("/")
+    try:
+        shard = (int(k), int(n))
+    except ValueError:
+        shard = None
+    if not sep or shard is None or not 0 <= shard[0] < shard[1]:
+        raise SweepError(f"--shard must be K/N with 0 <= K < N (e.g. 0/4 ... 3/4), got {text!r}")
+    return shard
+
+
+def _lock(run_dir: Path, revision: str) -> FileLock:
+    path = run_dir / results.LOCKS / (revision.replace("/", "__") + ".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(path, thread_local=False)
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _source(seq: CheckpointSequence, ckpt: Checkpoint) -> tuple[str, str | None]:
+    return (ckpt.path, None) if ckpt.path is not None else (seq.source, ckpt.revision)
+
+
+def _claim(run_dir: Path, ckpt: Checkpoint) -> FileLock | None:
+    """This checkpoint's lock, held, when no other process holds it and it is not done yet."""
+    lock = _lock(run_dir, ckpt.revision)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None
+    if results.checkpoint_path(run_dir, ckpt.revision).exists():  # finished by another process
+        lock.release()
+        return None
+    return lock
+
+
+def _loader(seq, todo, config, device, run_dir) -> Iterator[tuple[Checkpoint, FileLock | None, list]]:
+    """Yield (checkpoint, its lock or None when another process has it, [model or exception]),
+    loading the next claimed checkpoint in a background thread.
+
+    The model travels in a one-item list that the consumer empties, so this generator holds no
+    reference to it while the consumer frees memory."""
     pool = ThreadPoolExecutor(max_workers=1) if config.prefetch else None
 
     def load(c):
         try:
-            return load_model(seq, c, config, device)
+            return load_model(*_source(seq, c), config, device)
         except Exception as exc:  # reported per checkpoint, never fatal
             return exc
 
+    busy: list[Checkpoint] = []
+    held: list[FileLock] = []  # claimed, not yet handed to the consumer
+
+    def claim_next(i):
+        while i < len(todo):
+            lock = _claim(run_dir, todo[i])
+            if lock is not None:
+                held.append(lock)
+                return i, lock, (pool.submit(load, todo[i]) if pool else None)
+            busy.append(todo[i])
+            i += 1
+        return i, None, None
+
     try:
-        pending: Future | None = pool.submit(load, todo[0]) if pool else None
-        for i, ckpt in enumerate(todo):
-            model = pending.result() if pool else load(ckpt)
-            pending = pool.submit(load, todo[i + 1]) if pool and i + 1 < len(todo) else None
-            yield ckpt, model
-            del model
+        i, lock, pending = claim_next(0)
+        while True:
+            for ckpt in busy:
+                yield ckpt, None, []
+            busy.clear()
+            if i >= len(todo):
+                return
+            ckpt = todo[i]
+            box = [pending.result() if pool else load(ckpt)]
+            pending = None  # a finished Future keeps its result
+            held.remove(lock)
+            i, next_lock, pending = claim_next(i + 1)
+            yield ckpt, lock, box
+            lock = next_lock
     finally:
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
+        for lock in held:  # the consumer stopped early: free what it never got
+            lock.release()
+
+
+def _sweep_worker(payload: dict, rank: int, world: int) -> SweepSummary:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    show = payload.pop("progress") and rank == 0
+    return sweep(rank=rank, world=world, progress=show, integrity=False, **payload)
+
+
+def _fan_out(payload: dict, processes: int) -> SweepSummary:
+    """Run ``sweep`` in ``processes`` spawned local processes (one GPU each when there are GPUs)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
+        futures = [pool.submit(_sweep_worker, dict(payload), r, processes) for r in range(processes)]
+        parts = [f.result() for f in futures]
+    return SweepSummary(
+        payload["run_dir"], *([r for p in parts for r in getattr(p, name)]
+                              for name in ("done", "skipped", "failed", "busy", "pruned"))
+    )
+
+
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        print(f"peakprobe: {text}", file=sys.stderr)
 
 
 def sweep(
@@ -236,16 +413,28 @@ def sweep(
     config: SweepConfig | None = None,
     *,
     force: bool = False,
+    processes: int = 1,
+    shard: tuple[int, int] | None = None,
+    prune_cache: bool = False,
     rank: int | None = None,
     world: int | None = None,
+    integrity: bool = True,
     progress: bool = True,
     command: str | None = None,
 ) -> SweepSummary:
-    """Probe every checkpoint of ``seq`` on ``data`` and write the run directory ``run_dir``."""
+    """Probe every checkpoint of ``seq`` on ``data`` and write the run directory ``run_dir``.
+
+    ``shard=(K, N)`` probes checkpoints K, K+N, K+2N, ... of ``seq`` only (the manifest still
+    lists all of them); ``processes`` and launcher ranks split that share further.
+    ``prune_cache`` deletes each hub revision that was not in the HF cache when this sweep
+    started from the cache once its results are written."""
     config = config or SweepConfig()
     run_dir = Path(run_dir)
     if len(seq) == 0:
         raise SweepError("no checkpoints selected")
+    if shard is not None and force:
+        raise SweepError("--force with --shard would discard the other shards' results; "
+                         "remove the run directory first instead")
     auto_rank, auto_world, auto_device = shard_info()
     rank = auto_rank if rank is None else rank
     world = auto_world if world is None else world
@@ -253,6 +442,12 @@ def sweep(
     manifest = build_manifest(seq, data, config, command)
     if rank == 0:
         prepare_run_dir(run_dir, manifest, force=force)
+        if integrity and not (run_dir / results.INTEGRITY).exists():
+            results.write_integrity(run_dir, integrity_record(seq, offline=config.local_files_only))
+    if processes > 1:
+        payload = dict(seq=seq, data=data, run_dir=run_dir, config=config, shard=shard,
+                       prune_cache=prune_cache, progress=progress, command=command)
+        return _fan_out(payload, processes)
     if auto_world > 1:  # launched by accelerate: the others wait for rank 0's directory
         from accelerate import PartialState
 
@@ -260,20 +455,29 @@ def sweep(
     if rank != 0:
         prepare_run_dir(run_dir, manifest, force=False)
 
-    mine = [c for i, c in enumerate(seq) if i % world == rank]
+    share = [c for i, c in enumerate(seq) if shard is None or i % shard[1] == shard[0]]
+    mine = [c for i, c in enumerate(share) if i % world == rank]
     skipped = [c.revision for c in mine if results.checkpoint_path(run_dir, c.revision).exists()]
     todo = [c for c in mine if c.revision not in set(skipped)]
-    done, failed = [], []
+    hub = any(c.path is None for c in seq)
+    cached_before = set(cached_refs(seq.source)) if prune_cache and hub else set()
+    summary = SweepSummary(run_dir, [], skipped, [])
     bar = tqdm(total=len(mine), initial=len(skipped), desc=f"{seq.name} checkpoints",
                disable=not progress, unit="ckpt", position=0)
-    for ckpt, model in _loader(seq, todo, config, device):
+    for ckpt, lock, box in _loader(seq, todo, config, device, run_dir):
+        if lock is None:  # another process on this run directory has it, or has finished it
+            (summary.skipped if results.checkpoint_path(run_dir, ckpt.revision).exists()
+             else summary.busy).append(ckpt.revision)
+            bar.update(1)
+            continue
         bar.set_postfix_str(ckpt.revision)
+        model = box.pop()
         try:
             if isinstance(model, Exception):
                 raise model
             frame = probe_model(model, data, config, progress=progress, desc=ckpt.revision)
             results.write_checkpoint(run_dir, ckpt.revision, _tidy(frame, seq, ckpt))
-            done.append(ckpt.revision)
+            summary.done.append(ckpt.revision)
         except UnsupportedModelError:
             raise  # every checkpoint of the family would fail the same way
         except Exception as exc:
@@ -283,12 +487,17 @@ def sweep(
                 "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
                 "traceback": traceback.format_exc(limit=5),
             })
-            failed.append(ckpt.revision)
+            summary.failed.append(ckpt.revision)
         finally:
-            model = None
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            del model  # the last reference: the loader keeps none (see _loader)
+            _free_memory()
+            lock.release()
+        if prune_cache and ckpt.path is None and ckpt.revision not in cached_before \
+                and ckpt.revision in summary.done:
+            summary.pruned += delete_cached_revisions(seq.source, [ckpt.revision])
         bar.update(1)
     bar.close()
-    return SweepSummary(run_dir, done, skipped, failed)
+    if summary.busy:
+        _say(progress, f"{len(summary.busy)} checkpoints are being probed by another process "
+                       f"on {run_dir} ({', '.join(summary.busy[:4])}); re-run later to pick up any it leaves")
+    return summary

@@ -141,3 +141,22 @@ BOTTLENECK_ATTENTION = "attention"
 BOTTLENECK_LM_HEAD = "lm_head"
 BOTTLENECK_NONE = "none"
 BOTTLENECK_UNDETERMINED = "undetermined"
+
+
+class PeakprobeWarning(UserWarning):
+    """Base class of every warning peakprobe issues; the command line shows these by default
+    (one line each, ``peakprobe: warning: ...``) and hides other libraries' warnings."""
+
+
+# -- the bottleneck answer from gains (fits) ------------------------------------------------------
+#: the logit magnitudes whose growth exponents are judged against 1/3 (the rest are descriptive)
+MAGNITUDE_METRICS: tuple[str, ...] = (
+    "logit_std",
+    "logit_max_minus_mean",
+    "logit_top_gap",
+    "target_logit_minus_mean",
+)
+#: a site's gain is a "large share" of the reducible loss L - L0 above this fraction
+GAIN_SHARE_MIN = 0.1
+#: the false-discovery rate of the Benjamini-Hochberg control over sites
+FDR = 0.1

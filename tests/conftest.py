@@ -19,8 +19,8 @@ from transformers import (
 )
 
 from peakprobe import results
+from peakprobe.corpus import build_tokenizer
 from peakprobe.data import EvalData, token_hash
-from peakprobe.toy.corpus import build_tokenizer
 
 VOCAB = 97
 
@@ -143,3 +143,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def embedded_text(n_docs: int = 200) -> str:
+    """Held-out documents of the embedded corpus as a .txt body, one paragraph per document."""
+    from peakprobe import corpus
+
+    return "\n\n".join(corpus.generate_documents(n_docs, seed=corpus.EVAL_SEED))

@@ -444,7 +444,7 @@ def test_to_frame_and_records():
     )
     ldf = local.to_frame()
     assert ldf["tokens"].isna().all() and ldf["tau"].isna().all()
-    assert local.to_records() == [
+    assert [c.to_dict() for c in local] == [
         {"revision": "step3", "step": 3, "tokens": None, "tau": None, "path": "/x/step3"}
     ]
 
@@ -479,6 +479,12 @@ def test_format_index_is_aligned_and_complete():
 
 
 # ---------------------------------------------------------------- hub (no network) and resolve
+
+
+@pytest.fixture(autouse=True)
+def empty_hf_cache(monkeypatch, tmp_path):
+    """Every test here sees an empty HF cache, whatever the machine's own cache holds."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
 
 
 @pytest.fixture
@@ -577,7 +583,11 @@ def test_hub_listing_recognises_families(monkeypatch):
     fake_refs(monkeypatch, ["main", "ckpt_000", "ckpt_001", "ckpt_358"])
     seq = from_hub("LLM360/Amber")
     assert seq.family == "amber" and seq.steps == [0, 1, 358, 359]
-    assert seq.revisions[-1] == "main" and all(c.tokens is None for c in seq)
+    assert seq.revisions[-1] == "main"
+    # published schedule: ckpt_k is saved after k + 1 data chunks
+    assert [c.tokens for c in seq] == [(k + 1) * 1_706_976 * 2048 for k in (0, 1, 358, 359)]
+    assert all(c.tau is not None and c.tau > 0 for c in seq)
+    assert seq2.schedule is None and all(c.tau is None for c in seq2)  # stage 2: not published
 
     fake_refs(monkeypatch, ["main", "dev"])
     with pytest.raises(HubError, match="no checkpoint branches"):

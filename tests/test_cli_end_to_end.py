@@ -74,8 +74,8 @@ def test_probe_and_index_print_tables(finished_run, capsys):
     assert main(["probe", str(folder / "step64"), "--n-windows", "2", "--window", "24"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:2] == ["site", "logit_std"]
-    assert sum(line.startswith("L") for line in lines) == 8
-    assert any(line.startswith("lm_head") for line in lines)
+    assert sum(line.startswith("attn L") for line in lines) == 8  # 2 layers x 4 heads
+    assert sum(line.startswith("LM head") for line in lines) == 1
 
 
 def test_fit_with_too_few_checkpoints_is_a_one_line_error(finished_run, tmp_path, capsys):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from peakprobe import corpus
 from peakprobe.data import (
     DataError,
     EvalData,
@@ -17,7 +18,6 @@ from peakprobe.data import (
     parse_hf_spec,
     token_hash,
 )
-from peakprobe.toy import corpus
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def _reference_hash(ids: torch.Tensor) -> str:
 
 
 def test_embedded_windows_are_the_concatenated_held_out_documents(tok):
-    data = load_eval_data("embedded", tok, n_windows=6, window=100)
+    data = load_eval_data("embedded", tok, n_windows=6, window=100, layout="packed")
     stream = _reference_stream(tok, corpus.generate_documents(10, seed=corpus.EVAL_SEED))
     assert len(stream) >= 600
     expected = torch.tensor(stream[:600]).view(6, 100)
@@ -52,6 +52,7 @@ def test_embedded_windows_are_the_concatenated_held_out_documents(tok):
         "spec": "embedded",
         "n_windows": 6,
         "window": 100,
+        "layout": "packed",
         "token_hash": data.token_hash,
     }
 
@@ -77,7 +78,7 @@ def test_token_hash_covers_values_and_shape():
     assert token_hash(ids.to(torch.int32)) == token_hash(ids)
 
 
-def test_txt_file_is_one_document(tok, tmp_path):
+def test_txt_file_without_blank_lines_is_one_document(tok, tmp_path):
     docs = corpus.generate_documents(4, seed=11)
     text = "\n".join(docs)
     path = tmp_path / "eval.txt"
@@ -85,7 +86,7 @@ def test_txt_file_is_one_document(tok, tmp_path):
     stream = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
     window = 50
     n = len(stream) // window
-    data = load_eval_data(str(path), tok, n_windows=n, window=window)
+    data = load_eval_data(str(path), tok, n_windows=n, window=window, layout="packed")
     assert torch.equal(data.input_ids.flatten(), torch.tensor(stream[: n * window]))
     assert data.spec == str(path)
 
@@ -96,19 +97,19 @@ def test_jsonl_reads_the_text_field_in_order(tok, tmp_path):
     lines = [json.dumps({"body": d, "id": i}) for i, d in enumerate(docs)]
     path.write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n")
     stream = _reference_stream(tok, docs)
-    data = load_eval_data(str(path), tok, n_windows=3, window=128, text_field="body")
+    data = load_eval_data(str(path), tok, n_windows=3, window=128, text_field="body", layout="packed")
     assert torch.equal(data.input_ids.flatten(), torch.tensor(stream[:384]))
     with pytest.raises(DataError, match="text-field"):
-        load_eval_data(str(path), tok, n_windows=1, window=8)
+        load_eval_data(str(path), tok, n_windows=1, window=8, layout="packed")
 
 
 def test_too_short_data_says_how_many_windows_fit(tok, tmp_path):
     path = tmp_path / "short.txt"
     path.write_text(" ".join(["copy"] * 99))  # 99 words + eos = 100 tokens
     with pytest.raises(DataError, match="100 tokens, enough for 3 windows of 30") as info:
-        load_eval_data(str(path), tok, n_windows=4, window=30)
+        load_eval_data(str(path), tok, n_windows=4, window=30, layout="packed")
     assert "\n" not in str(info.value)
-    assert load_eval_data(str(path), tok, n_windows=3, window=30).input_ids.shape == (3, 30)
+    assert load_eval_data(str(path), tok, n_windows=3, window=30, layout="packed").input_ids.shape == (3, 30)
 
 
 @pytest.mark.parametrize("content", ["", "  \n\n"])
@@ -155,11 +156,11 @@ def test_hf_dataset_from_a_local_folder_offline(tok, tmp_path, monkeypatch):
     docs = corpus.generate_documents(4, seed=13)
     rows = [{"text": d} for d in docs[:2]] + [{"text": ""}] + [{"text": d} for d in docs[2:]]
     (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    data = load_eval_data(f"hf:{folder}:train", tok, n_windows=2, window=200)
+    data = load_eval_data(f"hf:{folder}:train", tok, n_windows=2, window=200, layout="packed")
     assert torch.equal(data.input_ids.flatten(), torch.tensor(_reference_stream(tok, docs)[:400]))
 
     with pytest.raises(DataError, match="could not load dataset") as info:
-        load_eval_data("hf:no-such-owner/no-such-dataset:train", tok, n_windows=1, window=4)
+        load_eval_data("hf:no-such-owner/no-such-dataset:train", tok, n_windows=1, window=4, layout="packed")
     assert "\n" not in str(info.value)
 
 
@@ -173,7 +174,7 @@ def test_tokenizer_without_eos_concatenates_documents(tmp_path):
     assert plain.eos_token_id is None
     path = tmp_path / "two.jsonl"
     path.write_text('{"text": "a a b"}\n{"text": "b a"}\n')
-    data = load_eval_data(str(path), plain, n_windows=1, window=5)
+    data = load_eval_data(str(path), plain, n_windows=1, window=5, layout="packed")
     assert data.input_ids.tolist() == [[1, 1, 2, 2, 1]]
 
 
@@ -212,3 +213,80 @@ def test_pad_batch_left_and_right():
         pad_batch(seqs, 0, side="middle")
     with pytest.raises(DataError, match="at least one"):
         pad_batch([], 0)
+
+
+def test_document_layout_puts_one_truncated_document_in_each_window(tok):
+    window = 40
+    data = load_eval_data("embedded", tok, n_windows=5, window=window)
+    docs = [tok.encode(d, add_special_tokens=False)
+            for d in corpus.generate_documents(5, seed=corpus.EVAL_SEED)]
+    assert data.layout == "document"
+    assert data.input_ids.shape == (5, window)
+    for row, mask, doc in zip(data.input_ids, data.attention_mask, docs, strict=True):
+        n = min(len(doc), window)
+        assert row[:n].tolist() == doc[:n]  # the document's start, no eos, no other document
+        assert mask.tolist() == [1] * n + [0] * (window - n)  # padding on the right only
+        assert set(row[n:].tolist()) <= {tok.pad_token_id}
+    described = data.describe()
+    assert described["layout"] == "document"
+    assert described["mask_hash"] == _reference_hash(data.attention_mask)
+
+
+def test_document_layout_pads_short_documents_and_skips_one_token_ones(tok, tmp_path):
+    path = tmp_path / "short.jsonl"
+    words = corpus.VOCAB[10:14]
+    path.write_text("\n".join(json.dumps({"text": t}) for t in
+                              [f"{words[0]} {words[1]}", words[2], f"{words[3]} {words[0]} {words[1]}"]))
+    data = load_eval_data(str(path), tok, n_windows=2, window=6)
+    ids = [corpus.VOCAB.index(w) for w in words]
+    pad = tok.pad_token_id
+    assert data.input_ids.tolist() == [[ids[0], ids[1], pad, pad, pad, pad],
+                                       [ids[3], ids[0], ids[1], pad, pad, pad]]
+    assert data.attention_mask.tolist() == [[1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]]
+
+
+def test_txt_documents_are_separated_by_blank_lines(tok, tmp_path):
+    docs = corpus.generate_documents(3, seed=12)
+    path = tmp_path / "three.txt"
+    path.write_text("\n\n".join(docs) + "\n")
+    data = load_eval_data(str(path), tok, n_windows=3, window=20)
+    for row, doc in zip(data.input_ids, docs, strict=True):
+        assert row.tolist()[:5] == tok.encode(doc, add_special_tokens=False)[:5]
+
+
+def test_too_few_documents_for_the_document_layout_says_what_to_do(tok, tmp_path):
+    path = tmp_path / "one.txt"
+    path.write_text(" ".join(corpus.generate_documents(3, seed=2)))
+    with pytest.raises(DataError, match="1 documents.*--layout packed"):
+        load_eval_data(str(path), tok, n_windows=4, window=16)
+    with pytest.raises(DataError, match="unknown layout"):
+        load_eval_data(str(path), tok, n_windows=1, window=16, layout="shuffled")
+
+
+class _Config:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+@pytest.mark.parametrize(
+    ("config", "limit"),
+    [
+        (_Config(n_positions=64), 64),  # GPT-2: learned positions
+        (_Config(max_position_embeddings=128), 128),  # Qwen3 / Llama: rotary, trained context
+        (_Config(max_position_embeddings=4096), 4096),
+        (_Config(), None),
+    ],
+)
+def test_window_is_clamped_by_default_and_refused_when_explicit(config, limit):
+    from peakprobe.data import DEFAULT_WINDOW, WindowNotice, max_positions, window_for
+
+    assert max_positions(config) == limit
+    if limit is not None and limit < DEFAULT_WINDOW:
+        with pytest.warns(WindowNotice, match=f"windows of {limit} tokens"):
+            assert window_for(config, None) == limit
+        with pytest.raises(DataError, match=f"exceed the model's maximum positions \\({limit}\\)"):
+            window_for(config, limit + 1)
+        assert window_for(config, limit) == limit
+    else:
+        assert window_for(config, None) == DEFAULT_WINDOW
+        assert window_for(config, 2 * DEFAULT_WINDOW) == 2 * DEFAULT_WINDOW

@@ -233,3 +233,29 @@ def test_loss_law_too_few_points_is_a_clear_error() -> None:
         fit_loss_law([10.0, 20.0, 40.0, 80.0], [3.0, 2.8, 2.6, 2.5])
     with pytest.raises(FitError, match="same length"):
         fit_loss_law([10.0, 20.0, 40.0, 80.0, 160.0], [3.0, 2.8])
+
+
+# ---------------------------------------------------------------- three-way verdicts on planted curves
+
+
+@pytest.mark.parametrize(("law", "alpha", "n", "span", "noise", "want"), [
+    ("loss", THIRD, 30, (1, 4), 0.002, "consistent"),
+    ("loss", 0.7, 30, (1, 4), 0.002, "inconsistent"),
+    ("loss", THIRD, 8, (1.25, 2.65), 0.02, "inconclusive"),  # tau 18-439, a loose interval
+    ("growth", THIRD, 30, (1, 4), 0.01, "consistent"),
+    ("growth", 0.6, 30, (1, 4), 0.01, "inconsistent"),
+    ("growth", THIRD, 6, (1, 1.5), 0.05, "inconclusive"),
+])
+def test_three_way_verdict_on_planted_curves(law, alpha, n, span, noise, want) -> None:
+    from peakprobe.fits import judge_third
+
+    rng = np.random.default_rng(42)
+    t = np.logspace(*span, n)
+    eps = 1 + noise * rng.standard_normal(n)
+    if law == "loss":
+        fit = fit_loss_law(t, loss_curve(t, alpha) * eps, seed=1)
+    else:
+        fit = fit_power_law(t, 3.0 * t**alpha * eps, seed=1)
+    assert judge_third(fit.alpha_lo, fit.alpha_hi) == want, (fit.alpha_lo, fit.alpha_hi)
+    if want == "inconclusive":  # 1/3 inside an interval wider than the band: never consistent
+        assert fit.alpha_lo <= THIRD <= fit.alpha_hi and fit.alpha_hi - fit.alpha_lo > 0.17

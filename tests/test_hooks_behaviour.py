@@ -1,4 +1,4 @@
-"""Hooks: a constructed peaked head, hook hygiene, unsupported models, the sensitivity probe."""
+"""Hooks: a constructed peaked head, hook hygiene, unsupported models (sensitivity: test_attribution)."""
 
 from __future__ import annotations
 
@@ -97,69 +97,6 @@ def test_model_without_softmax_attention_is_refused_by_name():
     with pytest.raises(UnsupportedModelError, match="MambaForCausalLM"):
         with attach(model):
             pass
-
-
-def _loss_with_head_scaled(model, ids, mask, layer: int, head: int, factor: float) -> float:
-    """Independent reference: eager attention written out here, one head's logits scaled."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    def scaled(module, query, key, value, attention_mask, scaling=None, **kwargs):
-        groups = query.shape[1] // key.shape[1]
-        k = key.repeat_interleave(groups, dim=1)
-        v = value.repeat_interleave(groups, dim=1)
-        z = query @ k.transpose(-1, -2) * scaling
-        if module.layer_idx == layer:
-            z[:, head] = z[:, head] * factor
-        z = z + attention_mask
-        p = torch.softmax(z, dim=-1)
-        return (p @ v).transpose(1, 2).contiguous(), None
-
-    AttentionInterface.register("test_scaled", scaled)
-    AttentionMaskInterface.register("test_scaled", eager_mask)
-    old = model.config._attn_implementation
-    model.set_attn_implementation("test_scaled")
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask).logits
-    finally:
-        model.set_attn_implementation(old)
-    tgt = torch.where(mask[:, 1:].bool() & mask[:, :-1].bool(), ids[:, 1:], -100)
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100
-    ).item()
-
-
-def test_sensitivity_matches_finite_differences_and_vanishes_for_a_dead_head():
-    # GPT-NeoX: its LayerNorms stay in float64 (Llama's RMSNorm rounds through float32, which
-    # would swamp a finite difference at 1e-5).
-    model = tiny_model("gpt_neox")
-    ids, mask = left_padded_batch(pads=(0, 2, 3))
-    dead_layer, dead_head = 1, 3
-    with torch.no_grad():  # head (1, 3) writes nothing: its softmax cannot affect the loss
-        hd = model.config.hidden_size // model.config.num_attention_heads
-        dense = model.gpt_neox.layers[dead_layer].attention.dense
-        dense.weight[:, dead_head * hd : (dead_head + 1) * hd] = 0
-    with attach(model, ProbeConfig(dtype="float64", sensitivity=True)) as probe:
-        probe.run_batch(ids, mask)
-        df = probe.to_frame()
-    sens = df[df.metric == "sensitivity"].set_index(["site_kind", "layer", "head"])["value"]
-    eps = 1e-4
-    for layer, head in [(0, 0), (0, 2), (1, 1)]:
-        up = _loss_with_head_scaled(model, ids, mask, layer, head, 1 + eps)
-        down = _loss_with_head_scaled(model, ids, mask, layer, head, 1 - eps)
-        fd = (up - down) / (2 * eps)
-        assert abs(fd) > 1e-6
-        assert sens[("attn", layer, head)] == pytest.approx(fd, rel=1e-5)
-    assert sens[("attn", dead_layer, dead_head)] == 0.0
-    # LM head: d/d(log beta) of the cross-entropy of beta * z is E_p[z] - z_target (closed form).
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-    ok = mask[:, 1:].bool() & mask[:, :-1].bool()
-    p = torch.softmax(logits, -1)
-    zt = logits.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    closed = ((p * logits).sum(-1) - zt)[ok].mean().item()
-    assert sens[("lm_head", -1, -1)] == pytest.approx(closed, rel=1e-9)
 
 
 def test_run_batch_returns_the_mean_next_token_loss_in_both_modes():

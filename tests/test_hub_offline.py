@@ -23,7 +23,8 @@ def _closed_port() -> int:
 
 
 @pytest.fixture
-def dead_hub(monkeypatch):
+def dead_hub(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))  # nothing cached
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
@@ -31,7 +32,9 @@ def dead_hub(monkeypatch):
 
 def test_unreachable_hub_stops_the_sweep_before_anything_is_written(dead_hub, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["sweep", "pythia-70m", "--out", str(out), "--select", "2"]) == 2
+    text = tmp_path / "eval.txt"
+    text.write_text("some text " * 100)
+    assert main(["sweep", "pythia-70m", "--out", str(out), "--select", "2", "--data", str(text)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "unreachable" in err and "EleutherAI/pythia-70m" in err and "HF_HUB_OFFLINE=1" in err

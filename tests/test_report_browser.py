@@ -1,7 +1,8 @@
 """report.html in a real headless Chromium (Debian ``chromium`` + ``chromium-driver``, via selenium).
 
-Checks: it loads from a file:// URL with no SEVERE console message and no request other than
-file:/data:; every image decodes to a non-zero natural size (inline SVGs have a non-zero box);
+The run is raw synthetic (tests/synthetic.py) fitted by the real ``fit_run``, so every section
+has a figure. Checks: it loads from a file:// URL with no SEVERE console message and no request
+other than file:/data:; every image decodes to a non-zero natural size (inline SVGs have a non-zero box);
 hostile names stay text; clicking a header re-sorts the per-head table (numeric-aware, descending
 then ascending, cells without a number last). Skips with a message when the browser, its driver
 or selenium is missing. A screenshot is saved under pytest's tmp folder (never in the repo).
@@ -14,9 +15,10 @@ import math
 import shutil
 
 import pytest
+from synthetic import make_run
 
-from peakprobe.reports import render_report
-from peakprobe.reports.synthetic import write_synthetic_run
+from peakprobe.fits import fit_run
+from peakprobe.reports import FIGURE_NAMES, render_report
 
 pytestmark = pytest.mark.browser
 
@@ -56,9 +58,11 @@ def page(tmp_path_factory):
 
     browser, driver_path = _browser_paths()
     base = tmp_path_factory.mktemp("browser")
-    write_synthetic_run(
-        base / "run", n_layers=3, n_heads=5, n_checkpoints=8, model=EVIL_MODEL, seed=5
+    make_run(
+        base / "run", n_layers=3, n_heads=5, n_checkpoints=30, model=EVIL_MODEL, seed=5,
+        duplicates={"step4": "step64"},
     )
+    fit_run(base / "run", n_boot=100)
     paths = render_report(base / "run")
     options = webdriver.ChromeOptions()
     options.binary_location = browser
@@ -130,7 +134,7 @@ def test_every_image_renders(page):
     sizes = driver.execute_script(
         "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight]);"
     )
-    assert len(sizes) >= 5
+    assert len(sizes) == len(FIGURE_NAMES)  # every section drawn for a run with gains
     assert all(done and w > 0 and h > 0 for done, w, h in sizes), sizes
     boxes = driver.execute_script(
         "return Array.from(document.querySelectorAll('svg')).map(s => [s.getBBox().width, s.getBBox().height]);"

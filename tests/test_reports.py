@@ -1,9 +1,12 @@
-"""Tests of peakprobe.reports against independent references.
+"""Tests of peakprobe.reports on runs fitted by the real ``fit_run``.
 
-The run directories come from ``peakprobe.reports.synthetic``: their logit_std follows c·t^alpha and
-their loss L0 + c·t^-alpha with parameters known in advance, and their fits.parquet holds exactly
-those parameters. Final metrics are checked against the last checkpoint's parquet read directly;
-curves against the closed-form laws; the HTML with Python's own HTML parser.
+Each run directory is raw: ``synthetic.make_run`` (tests/synthetic.py) writes what a sweep writes,
+with planted laws (logit growth, gains G = share R_end (t / t_end)^-alpha, the loss law, a loss
+spike, a duplicated checkpoint), and ``peakprobe.fits.fit_run`` fits it. The report must copy what
+the fit wrote (checked against fits.parquet / fits.json read directly with pyarrow and json),
+show the raw values of the last checkpoint (read from its parquet), draw curves that are the
+planted closed forms, judge every exponent with the rule of ``fits.third.judge_third``, and
+escape every user string (checked with Python's own HTML parser).
 """
 
 from __future__ import annotations
@@ -23,41 +26,69 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from synthetic import make_run
 
-from peakprobe.reports import FIGURE_NAMES, ReportError, heads_table, load_run, render_report
-from peakprobe.reports.summary import loss_relation
-from peakprobe.reports.synthetic import write_synthetic_run
+from peakprobe.fits import fit_run
+from peakprobe.fits.third import judge_third
+from peakprobe.reports import (
+    FIGURE_NAMES,
+    ReportError,
+    heads_table,
+    load_run,
+    render_report,
+    science,
+)
 from peakprobe.reports.tables import curve_sites, growth_curve, loss_curve, site_matrix
 from peakprobe.results import write_checkpoint
+from peakprobe.vocab import ATTN_ALL, BAND, BOTTLENECK_NONE, THIRD
 
 EVIL_MODEL = "<script>alert(1)</script>"
 EVIL_SOURCE = '<img src=x onerror="alert(2)">'
 EVIL_DIR = "<img src=x onerror=alert(3)>"
-L, H, C = 3, 4, 8
+L, H, C = 3, 4, 30  # 30 log-spread Pythia steps include step4, step64 and step35000
+N_BOOT = 200
+DUPLICATE, KEPT, SPIKE = "step4", "step64", 35000
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _fitted(run_dir: Path, **kw):
+    """A raw synthetic run fitted by the real fit_run; returns what was planted."""
+    planted = make_run(run_dir, **kw)
+    fit_run(run_dir, n_boot=N_BOOT)
+    return planted
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A fitted synthetic run (hostile names), rendered twice into two folders."""
+    """A fitted run (hostile names, a duplicate, a spike), rendered twice into two folders."""
     base = tmp_path_factory.mktemp("reports")
     run_dir = base / EVIL_DIR
-    truth = write_synthetic_run(
+    planted = _fitted(
         run_dir,
         n_layers=L,
         n_heads=H,
         n_checkpoints=C,
+        seed=3,
         model=EVIL_MODEL,
         source=EVIL_SOURCE,
-        seed=3,
+        duplicates={DUPLICATE: KEPT},
+        spikes={SPIKE: 1.2},
     )
     paths = render_report(run_dir, command="peakprobe report 'x' <b>")
-    again = (
-        base / "again"
-    )  # a second render in a fresh interpreter: no shared state, new hash seeds
-    code = "import sys; from peakprobe.reports import render_report; render_report(sys.argv[1], out_dir=sys.argv[2])"
+    again = base / "again"  # a second render in a fresh interpreter: no shared state
+    code = (
+        "import sys; from peakprobe.reports import render_report; "
+        "render_report(sys.argv[1], out_dir=sys.argv[2])"
+    )
     subprocess.run([sys.executable, "-c", code, str(run_dir), str(again)], check=True, cwd=REPO)
-    return run_dir, truth, paths, again
+    return run_dir, planted, paths, again
+
+
+def _fits(run_dir: Path) -> tuple[pd.DataFrame, dict]:
+    return (
+        pq.read_table(run_dir / "fits.parquet").to_pandas(),
+        json.loads((run_dir / "fits.json").read_text()),
+    )
 
 
 def _last_checkpoint(run_dir: Path) -> pd.DataFrame:
@@ -66,11 +97,18 @@ def _last_checkpoint(run_dir: Path) -> pd.DataFrame:
     return next(f for f in frames if int(f["step"].iloc[0]) == last_step)
 
 
+def _strict_json(path: Path) -> dict:
+    def no_nan(token):
+        raise AssertionError(f"non-standard JSON constant {token}")
+
+    return json.loads(path.read_text(), parse_constant=no_nan)
+
+
 def test_every_file_is_written(run):
     _, _, paths, _ = run
     for path in paths.all():
         assert path.exists() and path.stat().st_size > 0, path
-    assert {p.stem for p in paths.figures_png} == set(FIGURE_NAMES)
+    assert {p.stem for p in paths.figures_png} == set(FIGURE_NAMES)  # every section measured
     assert {p.stem for p in paths.figures_svg} == set(FIGURE_NAMES)
     for png in paths.figures_png:
         img = mpimg.imread(png)  # (h, w, 4)
@@ -80,142 +118,162 @@ def test_every_file_is_written(run):
         assert root.tag.endswith("svg") and float(root.get("width").rstrip("pt")) > 0
 
 
-def test_heads_table_copies_the_fitted_exponents(run):
-    run_dir, truth, paths, _ = run
+def test_heads_table_copies_the_fits(run):
+    run_dir, planted, paths, _ = run
     heads = pq.read_table(paths.heads_parquet).to_pandas()
-    fits = pq.read_table(run_dir / "fits.parquet").to_pandas()
-    assert len(heads) == L * H + 1  # one row per site, LM head included
-    attn = heads[heads["site_kind"] == "attn"]
-    for r in attn.itertuples():
-        f = fits[
-            (fits["fit"] == "growth") & (fits["layer"] == r.layer) & (fits["head"] == r.head)
-        ].iloc[0]
-        assert r.alpha == f["alpha"] == truth.alpha[r.layer, r.head]
-        assert (r.alpha_lo, r.alpha_hi, r.r2) == (f["alpha_lo"], f["alpha_hi"], f["r2"])
-        assert r.site_class == truth.site_class[r.layer, r.head]
-    lm = heads[heads["site_kind"] == "lm_head"].iloc[0]
-    assert lm["alpha"] == truth.lm_alpha and (lm["layer"], lm["head"]) == (-1, -1)
+    fits, _ = _fits(run_dir)
+    assert len(heads) == L * H + 1  # one row per softmax site; attn_layer / attn_all are not heads
+    growth = fits[(fits["fit"] == "growth") & (fits["metric"] == "logit_std")]
+    gain = fits[fits["fit"] == "gain"]
+    for r in heads.itertuples():
+        key = (growth["site_kind"] == r.site_kind) & (growth["layer"] == r.layer) & (growth["head"] == r.head)
+        f = growth[key].iloc[0]
+        assert (r.alpha, r.alpha_lo, r.alpha_hi, r.r2) == (f["alpha"], f["alpha_lo"], f["alpha_hi"], f["r2"])
+        assert (r.site_class, r.verdict, r.alpha_late) == (f["site_class"], f["verdict"], f["alpha_late"])
+        g = gain[(gain["site_kind"] == r.site_kind) & (gain["layer"] == r.layer) & (gain["head"] == r.head)].iloc[0]
+        assert (r.gain_alpha, r.gain_verdict, r.share, r.share_lo) == (g["alpha"], g["verdict"], g["share"], g["share_lo"])
+    conc = [k for k, v in planted.kinds.items() if v == "concentrating"]
+    attn = heads.set_index(["layer", "head"])
+    assert all(abs(attn.loc[k, "alpha"] - THIRD) < 0.03 for k in conc)  # the planted 1/3
     csv = pd.read_csv(paths.heads_csv, keep_default_na=False, na_values=[""])
     assert list(csv.columns) == list(heads.columns)
     np.testing.assert_array_equal(csv["alpha"].to_numpy(), heads["alpha"].to_numpy())
-    np.testing.assert_array_equal(
-        csv["final_logit_std"].to_numpy(), heads["final_logit_std"].to_numpy()
-    )
+    np.testing.assert_array_equal(csv["share"].to_numpy(), heads["share"].to_numpy())
 
 
 def test_final_columns_are_the_last_checkpoint(run):
     run_dir, _, paths, _ = run
     heads = pq.read_table(paths.heads_parquet).to_pandas().set_index(["site_kind", "layer", "head"])
     last = _last_checkpoint(run_dir)
-    checked = 0
+    last = last[last["site_kind"].isin(["attn", "lm_head"])]
+    checked = set()
     for row in last.itertuples():
         column = "sensitivity" if row.metric == "sensitivity" else f"final_{row.metric}"
-        assert heads.loc[(row.site_kind, row.layer, row.head), column] == row.value
-        checked += 1
-    assert checked == len(last)
-    assert math.isnan(
-        heads.loc[("lm_head", -1, -1), "final_first_key_prob"]
-    )  # attention-only metric
+        if column in heads.columns:
+            assert heads.loc[(row.site_kind, row.layer, row.head), column] == row.value, column
+            checked.add(row.metric)
+    assert {"logit_std", "peaked", "peaked_entropy", "beta_eff", "peaked_xsink", "gain", "loss",
+            "first_key_prob", "sensitivity"} <= checked
+    assert math.isnan(heads.loc[("lm_head", -1, -1), "final_first_key_prob"])  # attention only
 
 
 def test_heatmap_matrix_is_the_fitted_alpha_grid(run):
-    run_dir, truth, _, _ = run
-    data = load_run(run_dir)
-    heads = heads_table(data)
-    np.testing.assert_array_equal(site_matrix(heads, "alpha"), truth.alpha)  # (L, H)
-    assert site_matrix(heads, "final_peaked").shape == (L, H)
+    run_dir, _, _, _ = run
+    fits, _ = _fits(run_dir)
+    g = fits[(fits["fit"] == "growth") & (fits["metric"] == "logit_std") & (fits["site_kind"] == "attn")]
+    expected = np.full((L, H), np.nan)
+    expected[g["layer"], g["head"]] = g["alpha"]
+    np.testing.assert_array_equal(site_matrix(heads_table(load_run(run_dir)), "alpha"), expected)
 
 
-def test_growth_curve_is_the_closed_form_law(run):
-    run_dir, truth, _, _ = run
+def test_growth_curve_is_the_fitted_law(run):
+    run_dir, planted, _, _ = run
     data = load_run(run_dir)
-    layer, head = map(int, np.argwhere(truth.site_class == "concentrating")[0])
+    layer, head = next(k for k, v in sorted(planted.kinds.items()) if v == "concentrating")
     curve = growth_curve(data, "attn", layer, head)
-    positive_tau = np.array([t for t in truth.tau if t > 0])
-    np.testing.assert_array_equal(
-        curve.t, positive_tau
-    )  # the fits' time axis is tau, step 0 dropped
-    a, c = truth.alpha[layer, head], truth.c[layer, head]
-    np.testing.assert_allclose(curve.value, c * positive_tau**a, rtol=0.05)  # 1% noise
-    np.testing.assert_allclose(curve.fit_value, c * curve.fit_t**a, rtol=1e-12)
-    assert curve.fit_t[0] == positive_tau[0] and curve.fit_t[-1] == pytest.approx(positive_tau[-1])
+    fits, _ = _fits(run_dir)
+    row = fits[(fits["fit"] == "growth") & (fits["metric"] == "logit_std") & (fits["layer"] == layer) & (fits["head"] == head)].iloc[0]
+    # tau = step here; the duplicated checkpoint is left out, as the fits left it out
+    positive = np.array([s for s in planted.steps if s > 0 and f"step{s}" != DUPLICATE], dtype=float)
+    np.testing.assert_array_equal(curve.t, positive)
+    np.testing.assert_allclose(curve.fit_value, row["c"] * curve.fit_t ** row["alpha"], rtol=1e-12)
+    assert curve.fit_t[0] == row["t_min"] and curve.fit_t[-1] == pytest.approx(row["t_max"])
     slopes = np.diff(np.log(curve.ref_value)) / np.diff(np.log(curve.fit_t))
-    np.testing.assert_allclose(slopes, 1 / 3, rtol=1e-9)
-    t_mid = math.sqrt(positive_tau[0] * positive_tau[-1])
-    ref_mid = np.interp(math.log(t_mid), np.log(curve.fit_t), np.log(curve.ref_value))
-    assert ref_mid == pytest.approx(math.log(c * t_mid**a), abs=1e-9)
+    np.testing.assert_allclose(slopes, THIRD, rtol=1e-9)
 
 
-def test_loss_curve_is_the_closed_form_law(run):
-    run_dir, truth, _, _ = run
+def test_loss_curve_is_the_fitted_law(run):
+    run_dir, planted, _, _ = run
     curve = loss_curve(load_run(run_dir))
-    expected = truth.loss_L0 + truth.loss_c * curve.fit_t ** (-truth.loss_alpha)
+    fits, _ = _fits(run_dir)
+    row = fits[fits["fit"] == "loss"].iloc[0]
+    expected = row["L0"] + row["c"] * curve.fit_t ** (-row["alpha"])
     np.testing.assert_allclose(curve.fit_value, expected, rtol=1e-12)
-    slopes = np.diff(np.log(curve.ref_value - truth.loss_L0)) / np.diff(np.log(curve.fit_t))
-    np.testing.assert_allclose(slopes, -1 / 3, rtol=1e-9)
-    np.testing.assert_allclose(
-        curve.value, truth.loss_L0 + truth.loss_c * curve.t ** (-truth.loss_alpha), rtol=0.05
-    )
+    slopes = np.diff(np.log(curve.ref_value - row["L0"])) / np.diff(np.log(curve.fit_t))
+    np.testing.assert_allclose(slopes, -THIRD, rtol=1e-9)
+    law = planted.loss_L0 + planted.loss_c * curve.t ** (-planted.loss_alpha)
+    off_spike = curve.t != SPIKE
+    np.testing.assert_allclose(curve.value[off_spike], law[off_spike], rtol=0.05)
+
+
+def test_gain_curve_is_the_planted_and_fitted_law(run):
+    run_dir, planted, _, _ = run
+    curve = science.gain_curve(load_run(run_dir), ATTN_ALL, -1, -1)
+    t_end = float(max(planted.steps))
+    r_end = planted.loss_c * t_end ** (-planted.loss_alpha)
+    share, alpha = planted.gain_shares[(ATTN_ALL, -1, -1)], planted.gain_alphas[(ATTN_ALL, -1, -1)]
+    np.testing.assert_allclose(curve.value, share * r_end * (curve.t / t_end) ** -alpha, rtol=0.05)
+    fits, _ = _fits(run_dir)
+    row = fits[(fits["fit"] == "gain") & (fits["site_kind"] == ATTN_ALL)].iloc[0]
+    np.testing.assert_allclose(curve.fit_value, row["c"] * curve.fit_t ** (-row["alpha"]), rtol=1e-12)
+    slopes = np.diff(np.log(curve.ref_value)) / np.diff(np.log(curve.fit_t))
+    np.testing.assert_allclose(slopes, -THIRD, rtol=1e-9)
 
 
 def test_curve_sites_start_with_the_fitted_top_sites(run):
-    run_dir, truth, _, _ = run
+    run_dir, _, _, _ = run
     data = load_run(run_dir)
     sites, _ = curve_sites(data, heads_table(data), k=6)
-    top = [("attn", s["layer"], s["head"]) for s in data.verdicts["bottleneck"]["top_sites"]]
-    assert sites[: len(top)] == top[:6]
-    assert all(truth.site_class[layer, head] == "concentrating" for _, layer, head in sites)
-    assert len(sites) == min(6, int((truth.site_class == "concentrating").sum()))
+    top = [("attn", s["layer"], s["head"]) for s in data.verdicts["bottleneck"]["top_sites"] if s["site_kind"] == "attn"]
+    assert sites == top[: len(sites)] and len(sites) == 6
 
 
-def test_summary_json_is_strict_and_agrees_with_the_inputs(run):
-    run_dir, truth, paths, _ = run
+def test_summary_copies_the_verdicts(run):
+    run_dir, _, paths, _ = run
+    s = _strict_json(paths.summary_json)
+    fits, verdicts = _fits(run_dir)
+    assert s["format"] == 2 and s["model"] == EVIL_MODEL and s["band"] == verdicts["band"]
+    assert s["loss"]["verdict"] == verdicts["loss"]["verdict"]
+    assert s["loss"]["alpha"] == verdicts["loss"]["alpha"]
+    b, given = s["bottleneck"], verdicts["bottleneck"]
+    assert (b["verdict"], b["reason"]) == (given["verdict"], given["reason"])
+    assert {k["kind"]: k["share"] for k in b["kinds"]} == {k: v["share"] for k, v in given["kinds"].items()}
+    attn_all = fits[(fits["fit"] == "gain") & (fits["site_kind"] == ATTN_ALL)].iloc[0]
+    g = next(g for g in s["gains"]["sites"] if g["site_kind"] == ATTN_ALL)
+    assert (g["alpha"], g["share"], g["verdict"]) == (attn_all["alpha"], attn_all["share"], attn_all["verdict"])
+    assert [r["alpha"] for r in s["window_scan"]["rows"]] == [r["alpha"] for r in verdicts["loss_scan"]["rows"]]
+    assert [r["verdict"] for r in s["window_scan"]["rows"]] == [r["verdict"] for r in verdicts["loss_scan"]["rows"]]
+    assert s["peakedness"]["any_peaked"] is True
 
-    def no_nan(token):
-        raise AssertionError(f"non-standard JSON constant {token}")
 
-    summary = json.loads(paths.summary_json.read_text(), parse_constant=no_nan)
-    assert summary["model"] == EVIL_MODEL
-    assert (
-        summary["loss"]["alpha"] == truth.loss_alpha and summary["loss"]["relation"] == "consistent"
-    )
-    assert summary["bottleneck"]["verdict"] == "attention"
-    counts = {
-        k: int((truth.site_class == k).sum()) for k in ("concentrating", "saturated", "diffuse")
-    }
-    assert summary["attention"]["class_counts"] == counts
-    assert (summary["attention"]["n_layers"], summary["attention"]["n_heads"]) == (L, H)
-    assert summary["checkpoints"]["n"] == C and summary["checkpoints"]["last_step"] == max(
-        truth.steps
-    )
-    sens = _last_checkpoint(run_dir)
-    sens = sens[sens["metric"] == "sensitivity"].sort_values("value")
-    expected = [(r.site_kind, r.layer, r.head, r.value) for r in sens.head(10).itertuples()]
-    got = [
-        (t["site_kind"], t["layer"], t["head"], t["sensitivity"])
-        for t in summary["sensitivity"]["top"]
-    ]
-    assert got == expected
+def test_every_exponent_is_judged_with_band_and_window(run):
+    _, _, paths, _ = run
+    s = _strict_json(paths.summary_json)
+    band = tuple(s["band"])
+    quantities = {e["quantity"] for e in s["exponents"]}
+    assert {"loss L − L0 decay", "gain G decay", "logit_std growth"} <= quantities
+    for e in s["exponents"]:  # fit's verdict, which must be the rule applied to the interval
+        assert e["verdict"] == judge_third(e["alpha_lo"], e["alpha_hi"], band), e
+        assert e["t_min"] > 0 and e["t_max"] > e["t_min"], e
+    html_text = paths.html.read_text()
+    table = html_text.split('id="exponents-table"', 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr>") == len(s["exponents"]) + 1
+    assert table.count(f"[{band[0]:g}, {band[1]:g}]") == len(s["exponents"])
+
+
+def test_fit_verdict_wins_and_the_rule_fills_in():
+    assert science.judged("inconclusive", 0.30, 0.36, BAND) == "inconclusive"  # fit's word
+    assert science.judged(None, 0.30, 0.36, BAND) == "consistent"
+    assert science.judged(None, 0.10, 0.60, BAND) == "inconclusive"  # wide: never consistent
+    assert science.judged(None, 0.40, 0.50, BAND) == "inconsistent"
+    assert science.judged(None, None, None, BAND) == "inconclusive"
+
+
+def test_duplicates_and_spikes_are_listed(run):
+    run_dir, _, paths, _ = run
+    s = _strict_json(paths.summary_json)
+    _, verdicts = _fits(run_dir)
+    dups = s["checkpoints"]["duplicates"]
+    assert [(d["revision"], d["same_as"], d["excluded"]) for d in dups] == [(DUPLICATE, [KEPT], True)]
+    assert [d["revision"] for d in s["checkpoints"]["spikes"]] == [sp["revision"] for sp in verdicts["spikes"]]
+    assert f"step{SPIKE}" in [d["revision"] for d in s["checkpoints"]["spikes"]]
+    html_text = paths.html.read_text()
+    assert 'id="duplicates"' in html_text and 'id="spikes"' in html_text
     md = paths.summary_md.read_text()
-    assert f"`{EVIL_MODEL}`" in md and "0.34 [0.32, 0.36]" in md
+    assert f"`{DUPLICATE}` has the same weights as `{KEPT}` — excluded from the fits" in md
 
 
-@pytest.mark.parametrize(
-    ("alpha", "lo", "hi", "in_ci", "expected"),
-    [
-        (0.5, 0.45, 0.55, None, "faster"),
-        (0.2, 0.15, 0.25, None, "slower"),
-        (0.33, 0.30, 0.36, None, "consistent"),
-        (float("nan"), float("nan"), float("nan"), None, "undetermined"),
-        (0.40, 0.30, 0.50, False, "faster"),  # fits.json's own test wins over the CI
-        (0.30, 0.31, 0.35, True, "consistent"),
-    ],
-)
-def test_loss_relation_against_one_third(alpha, lo, hi, in_ci, expected):
-    assert loss_relation(alpha, lo, hi, in_ci) == expected
-
-
-def test_data_files_are_byte_identical(run):
+def test_data_files_are_byte_identical_and_html_differs_only_in_provenance(run):
     _, _, first, again = run
     written = [p for p in first.all() if p.name != "report.html"]
     assert len(written) == 4 + 2 * len(FIGURE_NAMES)
@@ -224,6 +282,11 @@ def test_data_files_are_byte_identical(run):
         assert path.read_bytes() == twin.read_bytes(), path.name
     for svg in first.figures_svg:
         assert b"<dc:date>" not in svg.read_bytes()
+    a = first.html.read_text().splitlines()
+    b = (again / "report.html").read_text().splitlines()
+    assert len(a) == len(b)
+    differ = [x for x, y in zip(a, b, strict=True) if x != y]
+    assert differ and all(x.startswith(("<dt>command</dt>", "<dt>generated</dt>")) for x in differ)
 
 
 class _Collector(HTMLParser):
@@ -258,71 +321,90 @@ def test_html_escapes_every_user_string(run):
 
 
 def test_html_is_self_contained_and_complete(run):
-    _, truth, paths, _ = run
+    _, _, paths, _ = run
     page = _Collector()
     page.feed(paths.html.read_text())
-    sources = [
-        attrs.get("src") for tag, attrs in page.tags if tag in ("img", "script", "iframe", "embed")
-    ]
+    sources = [a.get("src") for t, a in page.tags if t in ("img", "script", "iframe", "embed")]
     assert sources and all(s is None or s.startswith("data:") for s in sources)
     assert not [t for t, a in page.tags if t == "link" or (t == "a" and "href" in a)]
     assert len([a for t, a in page.tags if t == "img"]) == len(FIGURE_NAMES)
     html_text = paths.html.read_text()
     assert "url(" not in html_text and "@import" not in html_text
+    for section in ("verdict", "exponents", "gains", "window-scan", "peakedness", "integrity", "heads"):
+        assert f'<section id="{section}">' in html_text
+    for missing in ("gains-missing", "window-scan-missing", "sensitivity-missing", "no-peaked"):
+        assert f'id="{missing}"' not in html_text
     body = html_text.split('id="heads-table"', 1)[1].split("</table>", 1)[0]
     assert body.count("<tr>") == L * H + 1 + 1  # header + one row per site
-    for header in (
-        "layer",
-        "head",
-        "class",
-        "α [90% CI]",
-        "R²",
-        "final entropy",
-        "max_prob",
-        "logit_std",
-        "peaked",
-        "first_key_prob",
-    ):
+    for header in ("layer", "head", "class", "α [90% CI]", "vs 1/3", "gain share", "peaked", "peaked (entropy)", "β_eff"):
         assert f">{header}</th>" in body
-    assert (
-        f"α = {truth.loss_alpha:.3g} [{truth.loss_alpha - 0.02:.3g}, {truth.loss_alpha + 0.02:.3g}]"
-        in html_text
-    )
 
 
-def test_unmeasured_sensitivity_and_fast_loss_are_reported(tmp_path):
+def test_run_without_gains_or_sensitivity_says_not_measured(tmp_path):
     run_dir = tmp_path / "run"
-    write_synthetic_run(
-        run_dir,
-        n_layers=2,
-        n_heads=2,
-        n_checkpoints=5,
-        sensitivity=False,
-        loss_alpha=0.5,
-        loss_ci=(0.45, 0.55),
-        seed=1,
+    _fitted(
+        run_dir, n_layers=2, n_heads=3, n_checkpoints=24, seed=1, gains=None, sensitivity=False,
+        peaked_entropy=False, xsink=False,
     )
-    stale = run_dir / "report" / "figures" / "sensitivity.png"
+    stale = run_dir / "report" / "figures" / "gain_curves.png"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"from an earlier render")
     paths = render_report(run_dir)
-    summary = json.loads(paths.summary_json.read_text())
-    assert summary["sensitivity"] == {
-        "measured": False,
-        "order": summary["sensitivity"]["order"],
-        "top": [],
-    }
-    assert summary["loss"]["relation"] == "faster"
-    assert not stale.exists() and "sensitivity" not in {p.stem for p in paths.figures_png}
+    s = _strict_json(paths.summary_json)
+    assert s["gains"] == {"measured": False, "sites": []}
+    assert s["sensitivity"]["measured"] is False and s["sensitivity"]["top"] == []
+    assert not [e for e in s["exponents"] if e["quantity"] == "gain G decay"]
+    assert not stale.exists() and {"gain_curves", "sensitivity"}.isdisjoint(s["figures"])
     html_text = paths.html.read_text()
-    assert 'id="sensitivity-missing"' in html_text and "faster than 1/3" in html_text
-    assert ">sensitivity</th>" not in html_text
+    assert 'id="gains-missing"' in html_text and 'id="sensitivity-missing"' in html_text
+    heads_header = html_text.split('id="heads-table"', 1)[1].split("</thead>", 1)[0]
+    assert ">sensitivity</th>" not in heads_header and ">gain share</th>" not in heads_header
+    assert "d loss / d log β</th>" not in html_text.split('id="top-sites-table"', 1)[1].split("</table>")[0]
+    assert "Not measured in this run (the sweep ran without gains)" in paths.summary_md.read_text()
+    criteria = {c["metric"]: c["measured"] for c in s["peakedness"]["criteria"]}
+    assert criteria == {"peaked": True, "peaked_entropy": False}  # no _xsink rows when unmeasured
+    table = html_text.split('id="peakedness-table"', 1)[1].split("</table>", 1)[0]
+    assert table.count("not measured") == 1 and "peaked_entropy_heatmap" not in s["figures"]
+
+
+def test_no_peaked_softmax_is_said_prominently(tmp_path):
+    run_dir = tmp_path / "run"
+    kinds = {(la, h): "diffuse" for la in range(2) for h in range(2)}
+    planted = _fitted(
+        run_dir, n_layers=2, n_heads=2, n_checkpoints=24, seed=2, kinds=kinds, lm_head_kind="diffuse"
+    )
+    assert planted.expected_bottleneck == BOTTLENECK_NONE
+    paths = render_report(run_dir)
+    s = _strict_json(paths.summary_json)
+    assert s["bottleneck"]["verdict"] == BOTTLENECK_NONE
+    assert s["peakedness"]["any_peaked"] is False
+    assert all(c["n_attn_peaked"] == 0 for c in s["peakedness"]["criteria"])
+    html_text = paths.html.read_text()
+    banner = html_text.index('id="no-peaked"')
+    assert banner < html_text.index('<section id="verdict">')  # above everything else
+    assert "does not apply" in html_text[banner : banner + 600]
+    assert paths.summary_md.read_text().splitlines()[2].startswith("> **No softmax is peaked.**")
+
+
+def test_nothing_peaked_by_logit_std_alone_is_not_called_absent(tmp_path):
+    """Without the entropy criterion, nothing peaked by logit std is fit's ``undetermined``, and
+    the page says the run cannot rule the mechanism out."""
+    run_dir = tmp_path / "run"
+    kinds = {(0, h): "diffuse" for h in range(2)}
+    _fitted(run_dir, n_layers=1, n_heads=2, n_checkpoints=24, seed=2, kinds=kinds,
+            lm_head_kind="diffuse", peaked_entropy=False)
+    paths = render_report(run_dir)
+    s = _strict_json(paths.summary_json)
+    assert s["bottleneck"]["verdict"] != BOTTLENECK_NONE and s["peakedness"]["any_peaked"] is False
+    html_text = paths.html.read_text()
+    banner = html_text[html_text.index('id="no-peaked"'):].split("</p>", 1)[0]
+    assert "cannot show that the 1/3 mechanism is absent" in banner and "does not apply" not in banner
 
 
 def test_encoder_without_lm_head_and_an_unfitted_head(tmp_path):
     """No LM head (an encoder), and one head that fit skipped: the report still renders."""
     run_dir = tmp_path / "run"
-    write_synthetic_run(run_dir, n_layers=2, n_heads=3, n_checkpoints=5, seed=4)
+    _fitted(run_dir, n_layers=2, n_heads=3, n_checkpoints=24, seed=4, gains=None)
     for path in (run_dir / "checkpoints").glob("*.parquet"):
         df = pq.read_table(path).to_pandas()
         write_checkpoint(run_dir, df["revision"].iloc[0], df[df["site_kind"] == "attn"])
@@ -331,6 +413,7 @@ def test_encoder_without_lm_head_and_an_unfitted_head(tmp_path):
     fits.to_parquet(run_dir / "fits.parquet", index=False)
     verdicts = json.loads((run_dir / "fits.json").read_text())
     verdicts["loss"] = None
+    verdicts["loss_scan"] = None
     (run_dir / "fits.json").write_text(json.dumps(verdicts))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -338,19 +421,19 @@ def test_encoder_without_lm_head_and_an_unfitted_head(tmp_path):
     heads = pq.read_table(paths.heads_parquet).to_pandas()
     assert len(heads) == 6 and set(heads["site_kind"]) == {"attn"}
     missing = heads[(heads["layer"] == 1) & (heads["head"] == 2)].iloc[0]
-    assert (
-        math.isnan(missing["alpha"]) and missing["n_points"] == -1 and missing["site_class"] == ""
-    )
+    assert math.isnan(missing["alpha"]) and missing["n_points"] == -1 and missing["site_class"] == ""
     assert not math.isnan(missing["final_logit_std"])  # measured, just not fitted
-    summary = json.loads(paths.summary_json.read_text())
-    assert summary["loss"] is None and summary["lm_head"] is None
-    assert summary["attention"]["n_fitted"] == 5
-    assert "loss_curve" not in summary["figures"] and 'id="loss-missing"' in paths.html.read_text()
+    s = _strict_json(paths.summary_json)
+    assert s["loss"] is None and s["lm_head"] is None and s["attention"]["n_fitted"] == 5
+    assert s["window_scan"]["measured"] is False
+    html_text = paths.html.read_text()
+    assert "loss_curve" not in s["figures"] and 'id="loss-missing"' in html_text
+    assert 'id="window-scan-missing"' in html_text
 
 
 def test_missing_or_malformed_fits_are_one_line_errors(tmp_path):
     run_dir = tmp_path / "run"
-    write_synthetic_run(run_dir, n_layers=1, n_heads=2, n_checkpoints=3)
+    _fitted(run_dir, n_layers=1, n_heads=2, n_checkpoints=20, gains=None)
     fits = pq.read_table(run_dir / "fits.parquet").to_pandas()
     fits.drop(columns=["site_class"]).to_parquet(run_dir / "fits.parquet")
     with pytest.raises(ReportError, match="site_class.*peakprobe fit") as err:
@@ -364,23 +447,24 @@ def test_missing_or_malformed_fits_are_one_line_errors(tmp_path):
         render_report(run_dir)
 
 
-def test_reports_never_import_torch():
+def test_reports_never_import_torch_and_ship_their_templates():
     code = (
-        "import sys, peakprobe.reports, peakprobe.reports.synthetic; print('torch' in sys.modules)"
+        "import sys, importlib.resources as r, peakprobe.reports; "
+        "t = r.files('peakprobe.reports') / 'templates'; "
+        "print('torch' in sys.modules); print(*sorted(p.name for p in t.iterdir()))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    )
-    assert out.stdout.strip() == "False"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    torch_loaded, names = out.stdout.splitlines()
+    assert torch_loaded == "False"
+    assert {"report.css", "report.html.j2", "sort.js"} <= set(names.split())
+    setup = (REPO / "setup.cfg").read_text()
+    assert "peakprobe.reports = templates/*" in setup and "jinja2>=3.1" in setup
 
 
+@pytest.mark.slow
 def test_pythia_12b_shape_report_stays_small(tmp_path):
     """The acceptance size bound (timing is benchmarks/report.py's job, not a test's)."""
-    write_synthetic_run(tmp_path / "run", n_layers=36, n_heads=40, n_checkpoints=30, seed=2)
+    _fitted(tmp_path / "run", n_layers=36, n_heads=40, n_checkpoints=30, seed=2)
     paths = render_report(tmp_path / "run")
     assert paths.html.stat().st_size < 10 * 1024 * 1024
     heads = pq.read_table(paths.heads_parquet).to_pandas()

@@ -20,9 +20,9 @@ from conftest import STEPS, eval_data, write_sequence
 from peakprobe import results
 from peakprobe.checkpoints_index import from_local
 from peakprobe.cli import main
+from peakprobe.corpus import build_tokenizer
 from peakprobe.hooks import ProbeConfig
 from peakprobe.sweep import SweepConfig, SweepError, probe_model, sweep
-from peakprobe.toy.corpus import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ import torch
 from scipy.integrate import quad
 from scipy.stats import spearmanr
 
-from peakprobe.toy import corpus, tiny_lm
+from peakprobe import corpus, tiny_lm
 from peakprobe.toy.tiny_lm import TinyLMConfig, TinyLMError, train_tiny_lm
 
 CAPTURE = "peakprobe_test_capture"

@@ -2,13 +2,14 @@
 
 References: torch autograd for the written-out KL gradient; the closed form teacher logit std
 1/T; synthetic curves with known exponents for the summary; the 1/3 law band [0.30, 0.37] of
-REFERENCE.md for short real runs.
+docs/science.md for short real runs.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ import torch
 from peakprobe.toy.peaked_softmax import (
     PeakedRun,
     ToyConfigError,
-    cli_peaked,
+    format_peaked,
     kl_and_grad,
     peaked_window,
     rmsnorm,
@@ -115,10 +116,21 @@ def test_sgd_shows_the_one_third_law():
     assert s["final"]["logit_std"] > 2 * math.sqrt(2 * math.log(128))
 
 
-def test_cli_peaked_writes_plot_and_summary(tmp_path):
-    out = cli_peaked(tmp_path, optimizer="sgd", steps=2500, progress=False)
+def test_cli_peaked_writes_plot_and_summary_and_prints_the_verdicts(tmp_path, capsys):
+    from peakprobe.cli import main
+
+    assert main(["toy", "peaked", "--optimizer", "sgd", "--steps", "2500", "--out",
+                 str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
     saved = json.loads((tmp_path / "summary.json").read_text())
-    assert saved["runs"]["sgd"]["w_norm_alpha"] == pytest.approx(out["runs"]["sgd"]["w_norm_alpha"])
+    assert printed.strip().splitlines()[:-1] == format_peaked(saved).splitlines()
+    number = r"-?\d+\.\d{3}"
+    for label in ("loss decay", "\\|\\|W\\|\\| growth", "logit std growth"):
+        pattern = (rf"{label}\s+alpha {number} \[{number}, {number}\] \(90% CI\) -> "
+                   r"(consistent|inconsistent|inconclusive) with 1/3 \(band \[0.25, 0.42\]\)")
+        assert re.search(pattern, printed), printed
+    run = saved["runs"]["sgd"]
+    assert f"{run['w_norm_alpha']:.3f} [{run['w_norm_alpha_lo']:.3f}" in printed
     assert (tmp_path / "peaked_sgd.png").stat().st_size > 10_000
     assert len(saved["runs"]["sgd"]["curves"]["steps"]) == len(saved["runs"]["sgd"]["curves"]["loss"])
 

@@ -1,11 +1,13 @@
 """Checkpoint index: which revisions a model family has, with step, tokens and dynamic time tau.
 
-Built-in Pythia tables (offline), OLMo-1 / OLMo-2 / Amber revision-name parsers, local run
-folders with an optional learning-rate schedule, hub branch listing, and selection of a subset.
-The sweep and the command line use :func:`resolve`, :meth:`CheckpointSequence.select` and
-:func:`format_index`.
+Built-in Pythia tables (offline), OLMo-1 / OLMo-2 / Amber revision-name parsers and published
+schedules, local run folders with an optional learning-rate schedule, hub branch listing with a
+fallback to the local HF cache, weight-file integrity (duplicate checkpoints), and selection of
+a subset among the available revisions. The sweep and the command line use :func:`resolve`,
+:func:`select_available`, :func:`integrity_record` and :func:`format_index`.
 """
 
+from .cache import cached_refs, delete_cached_revisions, hub_cache_dir
 from .errors import (
     CheckpointIndexError,
     CheckpointIndexWarning,
@@ -23,7 +25,11 @@ from .families import (
     BUILTIN_FAMILIES_TEXT,
     KNOWN_FAMILIES_TEXT,
     LOCAL_FOLDER_TEXT,
+    PYTHIA_AUTHOR_STEPS,
     PYTHIA_DEDUPED_SIZES,
+    PYTHIA_DEFAULT_COUNT,
+    PYTHIA_FIT_START,
+    PYTHIA_FIT_START_SMALL,
     PYTHIA_LR_MAX,
     PYTHIA_NAMES,
     PYTHIA_SHAPES,
@@ -32,9 +38,17 @@ from .families import (
     PYTHIA_TOKENS_PER_STEP,
     ModelShape,
     pythia,
+    pythia_default_steps,
     pythia_schedule,
 )
-from .hub import check_hub_reachable, from_hub, sequence_from_branches
+from .hub import (
+    check_hub_reachable,
+    from_cache,
+    from_hub,
+    offline_requested,
+    sequence_from_branches,
+)
+from .integrity import find_duplicates, integrity_record
 from .local import from_local
 from .names import (
     Olmo2Revision,
@@ -46,18 +60,45 @@ from .names import (
     parse_step_folder,
     parse_trainer_folder,
 )
+from .published import PublishedRun, published_run
 from .records import Checkpoint, CheckpointSequence, format_index
 from .resolve import resolve
 from .schedules import (
+    ACCEPTED_FORMS,
     Schedule,
     TableSchedule,
     WarmupCosine,
+    WarmupLinear,
     load_schedule,
+    read_schedule_file,
+    schedule_from_csv,
     schedule_from_json,
     schedule_from_trainer_state,
 )
+from .selection import restrict_to_cache, select_available, with_schedule
 
 __all__ = [
+    "ACCEPTED_FORMS",
+    "PYTHIA_AUTHOR_STEPS",
+    "PYTHIA_DEFAULT_COUNT",
+    "PYTHIA_FIT_START",
+    "PYTHIA_FIT_START_SMALL",
+    "PublishedRun",
+    "WarmupLinear",
+    "cached_refs",
+    "delete_cached_revisions",
+    "find_duplicates",
+    "from_cache",
+    "hub_cache_dir",
+    "integrity_record",
+    "offline_requested",
+    "published_run",
+    "pythia_default_steps",
+    "read_schedule_file",
+    "restrict_to_cache",
+    "schedule_from_csv",
+    "select_available",
+    "with_schedule",
     "BUILTIN_FAMILIES_TEXT",
     "KNOWN_FAMILIES_TEXT",
     "LOCAL_FOLDER_TEXT",

@@ -6,6 +6,8 @@ to do, so the command line can print it and exit non-zero without a traceback.
 
 from __future__ import annotations
 
+from ..vocab import PeakprobeWarning
+
 
 class CheckpointIndexError(ValueError):
     """Base class of every user-facing error of ``peakprobe.checkpoints_index``."""
@@ -47,7 +49,7 @@ class HubError(CheckpointIndexError):
     """The hub answered, but the repository is missing, gated, or has no checkpoint branches."""
 
 
-class CheckpointIndexWarning(UserWarning):
+class CheckpointIndexWarning(PeakprobeWarning):
     """Something was skipped while building an index (a subfolder, a branch, a duplicate)."""
 
 

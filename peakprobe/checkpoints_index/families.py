@@ -1,4 +1,5 @@
-"""Built-in checkpoint families that need no network: Pythia (every size, and -deduped).
+"""Built-in checkpoint families that need no network: Pythia (every size, -deduped, and the
+PolyPythias ``pythia-<size>-seed<N>``, which share Pythia's revisions and schedule).
 
 Pythia facts (REFERENCE.md): revisions ``step0, step1, step2, step4, ..., step512`` then
 ``step1000 ... step143000`` every 1000 (154 in all; ``main`` = step143000); 1024 x 2048 =
@@ -8,6 +9,7 @@ Pythia facts (REFERENCE.md): revisions ``step0, step1, step2, step4, ..., step51
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -22,6 +24,15 @@ PYTHIA_FINAL_LR_RATIO = 0.1
 PYTHIA_STEPS: tuple[int, ...] = (
     (0,) + tuple(2**i for i in range(10)) + tuple(range(1000, PYTHIA_TOTAL_STEPS + 1, 1000))
 )
+#: the checkpoints the 1/3-law authors probed for their Pythia fits
+PYTHIA_AUTHOR_STEPS: tuple[int, ...] = (
+    128, 256, 512, 1000, 2000, 3000, 6000, 12000, 16000, 32000, 48000, 79000, 143000,
+)
+#: how many checkpoints the default Pythia selection holds (authors' steps + log-spaced fill)
+PYTHIA_DEFAULT_COUNT = 16
+#: default first step of the fit window (the authors' windows: 256 for 70m, 512 otherwise)
+PYTHIA_FIT_START = 512
+PYTHIA_FIT_START_SMALL = 256
 
 
 @dataclass(frozen=True)
@@ -68,11 +79,12 @@ PYTHIA_NAMES: tuple[str, ...] = tuple(f"pythia-{s}" for s in PYTHIA_SIZES) + tup
     f"pythia-{s}-deduped" for s in PYTHIA_DEDUPED_SIZES
 )
 _PYTHIA_ID_RE = re.compile(
-    r"(?:eleutherai/)?pythia-(?P<size>[0-9.]+[mb])(?P<deduped>-deduped)?", re.I
+    r"(?:eleutherai/)?pythia-(?P<size>[0-9.]+[mb])(?P<deduped>-deduped)?(?:-seed(?P<seed>\d+))?",
+    re.I,
 )
 
 BUILTIN_FAMILIES_TEXT = (
-    "built-in pythia-<size>[-deduped] with size in "
+    "built-in pythia-<size>[-deduped][-seed<N>] with size in "
     + ", ".join(PYTHIA_SIZES)
     + " (-deduped from 70m)"
 )
@@ -109,17 +121,21 @@ def _check_size(size: str, deduped: bool) -> None:
 
 
 def pythia(
-    size: str, deduped: bool = False, steps: tuple[int, ...] | None = None
+    size: str,
+    deduped: bool = False,
+    steps: tuple[int, ...] | None = None,
+    seed: int | None = None,
 ) -> CheckpointSequence:
     """The Pythia checkpoint sequence of one size: 154 revisions, tokens and tau per step.
 
-    ``steps`` restricts the sequence to those steps (used when a hub listing has fewer branches);
-    by default all 154 published revisions are listed.
+    ``steps`` restricts the sequence to those steps (used when a hub listing or the local cache
+    has fewer branches); by default all 154 published revisions are listed. ``seed`` names a
+    PolyPythia re-run (``pythia-160m-seed3``), same revisions and schedule.
     """
     size = size.lower()
     _check_size(size, deduped)
     schedule = pythia_schedule(size)
-    name = f"pythia-{size}" + ("-deduped" if deduped else "")
+    name = f"pythia-{size}" + ("-deduped" if deduped else "") + (f"-seed{seed}" if seed is not None else "")
     use = PYTHIA_STEPS if steps is None else tuple(sorted(set(steps)))
     checkpoints = [
         Checkpoint(
@@ -136,11 +152,28 @@ def pythia(
         checkpoints=checkpoints,
         schedule=schedule,
         family="pythia",
+        fit_start_step=PYTHIA_FIT_START_SMALL if size == "70m" else PYTHIA_FIT_START,
     )
 
 
-def match_pythia(spec: str) -> tuple[str, bool] | None:
-    """``(size, deduped)`` when ``spec`` names Pythia (``pythia-70m``, ``EleutherAI/pythia-160m-deduped``).
+def pythia_default_steps(available: list[int] | tuple[int, ...], n: int = PYTHIA_DEFAULT_COUNT) -> list[int]:
+    """The default Pythia selection among ``available`` steps: the authors' 13 steps, then steps
+    log-spaced in (1 + step) filling the widest gaps until there are ``n`` (or all available)."""
+    pool = sorted(set(int(s) for s in available))
+    picked = [s for s in PYTHIA_AUTHOR_STEPS if s in pool]
+    rest = [s for s in pool if s not in picked and s > 0]
+    while len(picked) < n and rest:
+        axis = sorted(math.log1p(s) for s in picked) or [0.0]
+        # the candidate farthest (in log1p) from every step picked so far
+        best = max(rest, key=lambda s: (min(abs(math.log1p(s) - a) for a in axis), -s))
+        picked.append(best)
+        rest.remove(best)
+    return sorted(picked)
+
+
+def match_pythia(spec: str) -> tuple[str, bool, int | None] | None:
+    """``(size, deduped, seed)`` when ``spec`` names Pythia (``pythia-70m``,
+    ``EleutherAI/pythia-160m-deduped``, PolyPythia ``pythia-410m-seed3``; seed None otherwise).
 
     Returns None when ``spec`` is not Pythia-shaped; raises UnknownFamilyError for a Pythia-shaped
     name with an unknown size.
@@ -150,4 +183,4 @@ def match_pythia(spec: str) -> tuple[str, bool] | None:
         return None
     size, deduped = m["size"].lower(), m["deduped"] is not None
     _check_size(size, deduped)
-    return size, deduped
+    return size, deduped, None if m["seed"] is None else int(m["seed"])

@@ -3,8 +3,10 @@
 Branch names are recognised as Pythia (``step<N>``), OLMo-1 (``step<N>-tokens<X>B``), OLMo-2
 (``stage1-step<N>-tokens<X>B``, ``stage2-ingredient<I>-step<N>-tokens<X>B``) or LLM360 Amber
 (``ckpt_NNN``, with ``main`` = checkpoint 359). ``huggingface_hub`` is imported only here and
-only when called; with ``HF_HUB_OFFLINE=1`` or no connection an :class:`OfflineError` says what
-works offline. The name-to-sequence step (:func:`sequence_from_branches`) needs no network.
+only when called. With ``HF_HUB_OFFLINE=1`` or no connection the branches come from the local HF
+cache (:func:`from_cache`); with nothing cached an :class:`OfflineError` says what works
+offline. The name-to-sequence step (:func:`sequence_from_branches`) needs no network; it
+attaches the published schedules of :mod:`.published` (tau) where a repo has one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import socket
 import warnings
 from collections import defaultdict
 
+from .cache import cached_refs
 from .errors import CheckpointIndexWarning, HubError, OfflineError, UnknownFamilyError, one_line
 from .families import BUILTIN_FAMILIES_TEXT, LOCAL_FOLDER_TEXT, match_pythia, pythia
 from .names import (
@@ -25,6 +28,7 @@ from .names import (
     parse_olmo2_revision,
     parse_pythia_revision,
 )
+from .published import AMBER_CHUNK_TOKENS, published_run
 from .records import Checkpoint, CheckpointSequence
 
 HUB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -111,7 +115,7 @@ def from_hub(
             f"{repo_id!r} is not a hub repo id; expected owner/name, e.g. allenai/OLMo-2-1124-7B"
         )
     if offline_requested():
-        raise _offline_error(repo_id, "offline mode is on (HF_HUB_OFFLINE=1)")
+        return from_cache(repo_id, stage=stage, reason="offline mode is on (HF_HUB_OFFLINE=1)")
     try:
         import huggingface_hub
     except ImportError:
@@ -123,9 +127,9 @@ def from_hub(
         refs = huggingface_hub.list_repo_refs(repo_id, token=token)
     except Exception as exc:
         if _is_network_error(exc):
-            raise _offline_error(
-                repo_id, f"the hub is unreachable ({type(exc).__name__})"
-            ) from None
+            return from_cache(
+                repo_id, stage=stage, reason=f"the hub is unreachable ({type(exc).__name__})"
+            )
         names = {cls.__name__ for cls in type(exc).__mro__}
         if "GatedRepoError" in names or "RepositoryNotFoundError" in names:
             raise HubError(
@@ -136,6 +140,14 @@ def from_hub(
             raise HubError(f"the hub refused to list {repo_id}: {one_line(exc)[:300]}") from None
         raise
     return sequence_from_branches(repo_id, [b.name for b in refs.branches], stage=stage)
+
+
+def from_cache(repo_id: str, *, stage: str | None = None, reason: str = "offline") -> CheckpointSequence:
+    """Index the branches of ``repo_id`` held in the local HF cache (no network)."""
+    refs = cached_refs(repo_id)
+    if not refs:
+        raise _offline_error(repo_id, f"{reason} and the HF cache holds none of its revisions")
+    return sequence_from_branches(repo_id, list(refs), stage=stage)
 
 
 def _scheme_of(name: str) -> str | None:
@@ -196,16 +208,24 @@ def _pythia_like(repo_id: str, names: list[str]) -> CheckpointSequence:
     except UnknownFamilyError:  # a Pythia-like repo outside the built-in table: no tokens/tau
         match = None
     if match is not None:
-        return pythia(match[0], deduped=match[1], steps=tuple(steps))
+        return pythia(match[0], deduped=match[1], steps=tuple(steps), seed=match[2])
     checkpoints = [Checkpoint(n, s, None, None) for n, s in zip(names, steps, strict=True)]
     return CheckpointSequence(repo_id.split("/")[-1], repo_id, checkpoints, None, None)
 
 
 def _amber(repo_id: str, names: list[str], has_main: bool) -> CheckpointSequence:
-    checkpoints = [Checkpoint(n, parse_amber_revision(n), None, None) for n in names]
-    if has_main and all(c.step != AMBER_MAIN_INDEX for c in checkpoints):
-        checkpoints.append(Checkpoint("main", AMBER_MAIN_INDEX, None, None))
-    return CheckpointSequence(repo_id.split("/")[-1], repo_id, checkpoints, None, "amber")
+    run = published_run(repo_id)
+    pairs = [(n, parse_amber_revision(n)) for n in names]
+    if has_main and all(k != AMBER_MAIN_INDEX for _, k in pairs):
+        pairs.append(("main", AMBER_MAIN_INDEX))
+    # ckpt_k is saved after data chunk k: k + 1 chunks seen
+    checkpoints = [
+        Checkpoint(n, k, (k + 1) * AMBER_CHUNK_TOKENS if run else None,
+                   float(run.schedule.tau(k + 1)) if run else None)
+        for n, k in pairs
+    ]
+    return CheckpointSequence(repo_id.split("/")[-1], repo_id, checkpoints,
+                              run.schedule if run else None, "amber")
 
 
 def _olmo(repo_id: str, names: list[str], stage: str | None) -> CheckpointSequence:
@@ -236,13 +256,16 @@ def _olmo(repo_id: str, names: list[str], stage: str | None) -> CheckpointSequen
     for n in lines[want]:
         rev = parse_olmo2_revision(n)
         parsed.append((n, rev.step, rev.tokens))
-    return _dedup_olmo(repo_id, parsed, "olmo2")
+    return _dedup_olmo(repo_id, parsed, "olmo2", line=want)
 
 
 def _dedup_olmo(
-    repo_id: str, parsed: list[tuple[str, int, int]], family: str
+    repo_id: str, parsed: list[tuple[str, int, int]], family: str, line: str | None = None
 ) -> CheckpointSequence:
-    """One checkpoint per step (the first name in sorted order), warning about any dropped."""
+    """One checkpoint per step (the first name in sorted order), warning about any dropped.
+
+    The published schedule (tau) applies to OLMo-1 and to the OLMo-2 ``stage1`` line only: the
+    stage-2 anneals restart their step counter with their own schedule."""
     by_step: dict[int, tuple[str, int]] = {}
     dropped: list[str] = []
     for name, step, tokens in sorted(parsed):
@@ -256,5 +279,10 @@ def _dedup_olmo(
             CheckpointIndexWarning,
             stacklevel=3,
         )
-    checkpoints = [Checkpoint(name, step, tokens, None) for step, (name, tokens) in by_step.items()]
-    return CheckpointSequence(repo_id.split("/")[-1], repo_id, checkpoints, None, family)
+    run = published_run(repo_id) if family == "olmo1" or line == "stage1" else None
+    checkpoints = [
+        Checkpoint(name, step, tokens, float(run.schedule.tau(step)) if run else None)
+        for step, (name, tokens) in by_step.items()
+    ]
+    return CheckpointSequence(repo_id.split("/")[-1], repo_id, checkpoints,
+                              run.schedule if run else None, family)

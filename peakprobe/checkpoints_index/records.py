@@ -2,7 +2,7 @@
 
 A sequence is sorted by step with no two checkpoints sharing a step. It knows how to select a
 subset (log- or linearly spaced, explicit steps or revisions, a step range), how to become a
-pandas frame or the manifest's ``checkpoints`` list, and how to print itself as an aligned table
+pandas frame, and how to print itself as an aligned table
 (:func:`format_index`, used by ``peakprobe index``).
 """
 
@@ -65,7 +65,8 @@ class CheckpointSequence:
     """An ordered list of checkpoints of one model, with where it came from and its schedule.
 
     ``source`` is a hub id or a local folder; ``family`` is ``pythia``, ``olmo1``, ``olmo2``,
-    ``amber`` or None (a local run or an unrecognised repo).
+    ``amber`` or None (a local run or an unrecognised repo). ``fit_start_step`` is a built-in
+    family's default first step of the fit window (None: the fits choose).
     """
 
     name: str
@@ -73,6 +74,7 @@ class CheckpointSequence:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     schedule: Schedule | None = None
     family: str | None = None
+    fit_start_step: int | None = None
 
     def __post_init__(self) -> None:
         self.checkpoints = sorted(self.checkpoints, key=lambda c: c.step)
@@ -185,10 +187,6 @@ class CheckpointSequence:
                 "path": pd.Series([c.path for c in self], dtype="object"),
             }
         )
-
-    def to_records(self) -> list[dict]:
-        """The manifest's ``checkpoints`` list (docs/architecture.md)."""
-        return [c.to_dict() for c in self]
 
 
 def _spaced(checkpoints: list[Checkpoint], n: int, spacing: str) -> list[Checkpoint]:

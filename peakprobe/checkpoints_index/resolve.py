@@ -34,7 +34,7 @@ def resolve(
         raise NoCheckpointsError(f"folder {text} does not exist; {LAYOUT_HINT}")
     match = match_pythia(text)
     if match is not None:
-        return pythia(match[0], deduped=match[1])
+        return pythia(match[0], deduped=match[1], seed=match[2])
     if HUB_ID_RE.fullmatch(text):
         return from_hub(text, token=token, stage=stage)
     raise UnknownFamilyError(

@@ -1,19 +1,22 @@
 """Learning-rate schedules and the dynamic time tau they define.
 
-tau(t) = integral_0^t lr(s) / lr_max ds, the continuous dynamic time of the 1/3 law. Two schedules:
+tau(t) = integral_0^t lr(s) / lr_max ds, the continuous dynamic time of the 1/3 law. Three schedules:
 
 - :class:`WarmupCosine`: linear warmup from 0 to ``lr_max`` over ``warmup_steps``, cosine decay to
   ``final_lr_ratio * lr_max`` at ``total_steps``, constant after; tau in closed form.
+- :class:`WarmupLinear`: the same with a linear instead of a cosine decay.
 - :class:`TableSchedule`: learning rates at given steps, linearly interpolated, constant beyond
   the first and last entries; tau by exact integration of that interpolant (trapezoids).
 
-On disk (docs/architecture.md) a local run may carry ``schedule.json`` (either kind), or an HF
-Trainer ``trainer_state.json`` whose ``log_history`` learning rates are read as a table.
+On disk (docs/checkpoints.md) a local run may carry ``schedule.json`` (any of the JSON forms in
+:data:`ACCEPTED_FORMS`), ``schedule.csv`` (step and learning-rate columns, e.g. a W&B export), or
+an HF Trainer ``trainer_state.json`` whose ``log_history`` learning rates are read as a table.
 Both ``lr`` and ``tau`` accept a scalar (returning a float) or an array (returning an array).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import warnings
@@ -28,7 +31,16 @@ from .errors import CheckpointIndexWarning, RevisionNameError, ScheduleError, on
 from .names import parse_trainer_folder
 
 SCHEDULE_FILE = "schedule.json"
+SCHEDULE_CSV = "schedule.csv"
 TRAINER_STATE_FILE = "trainer_state.json"
+ACCEPTED_FORMS = (
+    'accepted schedule forms: JSON {"kind": "warmup_cosine"|"warmup_linear", "lr_max", '
+    '"warmup_steps", "total_steps"[, "final_lr_ratio"]}; JSON {"steps": [...], "lr": [...]}; '
+    'JSON {"lr": [lr at step 0, 1, ...]} or a bare JSON list of per-step lr; a CSV with a step '
+    "column (step, _step, global_step, train/global_step) and a learning-rate column (lr, "
+    "learning_rate, train/learning_rate, ...), e.g. a W&B export; or an HF trainer_state.json"
+)
+_CSV_STEP_COLUMNS = ("step", "_step", "global_step", "train/global_step", "trainer/global_step")
 
 
 def _steps_array(step: Any) -> tuple[np.ndarray, bool]:
@@ -104,6 +116,48 @@ class WarmupCosine:
     def describe(self) -> str:
         return (
             f"warmup_cosine(lr_max={self.lr_max:g}, warmup={self.warmup_steps:g}, "
+            f"total={self.total_steps:g}, final={self.final_lr_ratio:g}x)"
+        )
+
+
+@dataclass(frozen=True)
+class WarmupLinear:
+    """Linear warmup from 0, linear decay to ``final_lr_ratio * lr_max`` at ``total_steps``."""
+
+    lr_max: float
+    warmup_steps: float
+    total_steps: float
+    final_lr_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        WarmupCosine(self.lr_max, self.warmup_steps, self.total_steps, self.final_lr_ratio)  # same checks
+
+    def lr(self, step: Any) -> float | np.ndarray:
+        s, scalar = _steps_array(step)
+        w, total, r = float(self.warmup_steps), float(self.total_steps), self.final_lr_ratio
+        ratio = np.interp(s, [w, total], [1.0, r])  # constant r after total_steps
+        if w > 0:
+            ratio = np.where(s < w, s / w, ratio)
+        return _out(self.lr_max * ratio, scalar)
+
+    def tau(self, step: Any) -> float | np.ndarray:
+        s, scalar = _steps_array(step)
+        w, total, r = float(self.warmup_steps), float(self.total_steps), self.final_lr_ratio
+        decay = total - w
+        sw = np.minimum(s, w)
+        warm = sw * sw / (2.0 * w) if w > 0 else np.zeros_like(s)
+        u = np.clip(s - w, 0.0, decay)
+        lin = u - (1.0 - r) * u * u / (2.0 * decay) if decay > 0 else np.zeros_like(s)
+        tail = r * np.maximum(s - total, 0.0)
+        return _out(warm + lin + tail, scalar)
+
+    def to_json(self) -> dict:
+        return {"kind": "warmup_linear", "lr_max": self.lr_max, "warmup_steps": self.warmup_steps,
+                "total_steps": self.total_steps, "final_lr_ratio": self.final_lr_ratio}
+
+    def describe(self) -> str:
+        return (
+            f"warmup_linear(lr_max={self.lr_max:g}, warmup={self.warmup_steps:g}, "
             f"total={self.total_steps:g}, final={self.final_lr_ratio:g}x)"
         )
 
@@ -188,28 +242,43 @@ class TableSchedule:
         )
 
 
-Schedule = WarmupCosine | TableSchedule
+Schedule = WarmupCosine | WarmupLinear | TableSchedule
 
 
 _FIELDS = {
     "warmup_cosine": ({"lr_max", "warmup_steps", "total_steps"}, {"final_lr_ratio"}),
+    "warmup_linear": ({"lr_max", "warmup_steps", "total_steps"}, {"final_lr_ratio"}),
     "table": ({"steps", "lr"}, {"lr_max"}),
 }
 
 
-def schedule_from_json(obj: dict) -> Schedule:
-    """Build a schedule from its JSON form: ``{"kind": "warmup_cosine"|"table", ...}``."""
-    if not isinstance(obj, dict) or "kind" not in obj:
-        raise ScheduleError(
-            'a schedule must be a JSON object with a "kind" of "warmup_cosine" or "table"'
-        )
+def _per_step(lr: Any, lr_max: Any = None) -> TableSchedule:
+    """A per-step list of learning rates (entry i is the lr of step i)."""
+    if not isinstance(lr, list) or not lr:
+        raise ScheduleError(f"a per-step schedule needs a non-empty list of learning rates; {ACCEPTED_FORMS}")
+    return TableSchedule(range(len(lr)), lr, lr_max)
+
+
+def schedule_from_json(obj: Any) -> Schedule:
+    """Build a schedule from any JSON form in :data:`ACCEPTED_FORMS`."""
+    if isinstance(obj, list):
+        return _per_step(obj)
+    if not isinstance(obj, dict):
+        raise ScheduleError(f"a schedule must be a JSON object or list; {ACCEPTED_FORMS}")
+    if "kind" not in obj:
+        if set(obj) <= {"lr", "lr_max"} and "lr" in obj:
+            return _per_step(obj["lr"], obj.get("lr_max"))
+        if {"steps", "lr"} <= set(obj):
+            obj = {"kind": "table", **obj}
+        else:
+            raise ScheduleError(f"schedule has fields {', '.join(sorted(obj)) or 'none'}; {ACCEPTED_FORMS}")
     kind = obj["kind"]
     if kind not in _FIELDS:
-        raise ScheduleError(f'unknown schedule kind {kind!r}; use "warmup_cosine" or "table"')
+        raise ScheduleError(f"unknown schedule kind {kind!r}; {ACCEPTED_FORMS}")
     required, optional = _FIELDS[kind]
     keys = set(obj) - {"kind"}
     if missing := sorted(required - keys):
-        raise ScheduleError(f"{kind} schedule is missing {', '.join(missing)}")
+        raise ScheduleError(f"{kind} schedule is missing {', '.join(missing)}; {ACCEPTED_FORMS}")
     if extra := sorted(keys - required - optional):
         allowed = ", ".join(sorted(required | optional))
         raise ScheduleError(
@@ -219,11 +288,61 @@ def schedule_from_json(obj: dict) -> Schedule:
     try:
         if kind == "warmup_cosine":
             return WarmupCosine(**{k: float(v) for k, v in args.items()})
+        if kind == "warmup_linear":
+            return WarmupLinear(**{k: float(v) for k, v in args.items()})
         return TableSchedule(**args)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ScheduleError):
             raise
         raise ScheduleError(f"{kind} schedule has a non-numeric field: {one_line(exc)}") from None
+
+
+def schedule_from_csv(text: str) -> TableSchedule:
+    """A table from CSV text with a step column and a learning-rate column (a W&B export works:
+    ``_step`` / ``train/global_step`` and ``train/learning_rate``; rows with an empty lr are skipped)."""
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        raise ScheduleError(f"the CSV schedule is empty; {ACCEPTED_FORMS}")
+    header = [h.strip() for h in rows[0]]
+    lower = [h.lower() for h in header]
+    step_col = next((lower.index(c) for c in _CSV_STEP_COLUMNS if c in lower), None)
+    lr_col = next((i for i, h in enumerate(lower)
+                   if h in ("lr", "learning_rate") or h.endswith(("/lr", "/learning_rate", "learning_rate"))
+                   and "__" not in h), None)
+    if step_col is None or lr_col is None:
+        raise ScheduleError(f"CSV columns {', '.join(header)} lack a step or a learning-rate column; {ACCEPTED_FORMS}")
+    points: dict[float, float] = {}
+    for n, row in enumerate(rows[1:], start=2):
+        if len(row) <= max(step_col, lr_col) or not row[lr_col].strip() or not row[step_col].strip():
+            continue
+        try:
+            step, lr = float(row[step_col]), float(row[lr_col])
+        except ValueError:
+            raise ScheduleError(f"CSV line {n} is not numeric ({row[step_col]!r}, {row[lr_col]!r}); {ACCEPTED_FORMS}") from None
+        if math.isfinite(lr):
+            points[step] = lr  # the last value logged at a step wins
+    if not points:
+        raise ScheduleError(f"the CSV schedule has no learning rates; {ACCEPTED_FORMS}")
+    steps = sorted(points)
+    return TableSchedule(steps, [points[s] for s in steps])
+
+
+def read_schedule_file(path: str | Path) -> Schedule:
+    """A schedule from a file: ``.csv``, a ``trainer_state.json``, or any JSON form."""
+    path = Path(path)
+    try:
+        if path.suffix.lower() == ".csv":
+            return schedule_from_csv(path.read_text())
+        obj = _read_json(path)
+        if isinstance(obj, dict) and "log_history" in obj:
+            schedule = schedule_from_trainer_state(obj)
+            if schedule is None:
+                raise ScheduleError(f"its log_history has no learning rates; {ACCEPTED_FORMS}")
+            return schedule
+        return schedule_from_json(obj)
+    except ScheduleError as exc:
+        msg = str(exc) if ACCEPTED_FORMS in str(exc) else f"{exc}; {ACCEPTED_FORMS}"
+        raise ScheduleError(f"{path}: {msg}") from None
 
 
 def schedule_from_trainer_state(state: dict) -> TableSchedule | None:
@@ -247,8 +366,8 @@ def schedule_from_trainer_state(state: dict) -> TableSchedule | None:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ScheduleError(f"cannot read {path}: {one_line(exc)}") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ScheduleError(f"cannot read {path}: {one_line(exc)}; {ACCEPTED_FORMS}") from None
 
 
 def _latest_trainer_state(folder: Path) -> Path | None:
@@ -268,18 +387,15 @@ def _latest_trainer_state(folder: Path) -> Path | None:
 def load_schedule(folder: str | Path) -> Schedule | None:
     """The schedule of a local run folder, or None when it has none.
 
-    Looks for ``schedule.json`` at the top, then ``trainer_state.json`` at the top, then the
+    Looks for ``schedule.json`` then ``schedule.csv`` at the top, then ``trainer_state.json`` at the top, then the
     ``trainer_state.json`` of the latest ``checkpoint-<N>/`` (the HF Trainer writes one per
     checkpoint). A malformed ``schedule.json`` is an error; a trainer state without learning
     rates gives a warning and None.
     """
     folder = Path(folder)
-    if (folder / SCHEDULE_FILE).is_file():
-        obj = _read_json(folder / SCHEDULE_FILE)
-        try:
-            return schedule_from_json(obj)
-        except ScheduleError as exc:
-            raise ScheduleError(f"{folder / SCHEDULE_FILE}: {exc}") from None
+    for name in (SCHEDULE_FILE, SCHEDULE_CSV):
+        if (folder / name).is_file():
+            return read_schedule_file(folder / name)
     state_path = folder / TRAINER_STATE_FILE
     if not state_path.is_file():
         state_path = _latest_trainer_state(folder) if folder.is_dir() else None

@@ -1,33 +1,37 @@
-"""Site classes and the bottleneck verdict (attention vs LM head).
+"""Peakedness of sites, site classes, and the bottleneck verdict from the gains.
 
-Site class, from the fitted window's last checkpoint and the *late* logit_std fit (the power
-law refitted on the second half of the window in log time, t >= sqrt(t_first * t_last)):
+Peaked (at the fitted window's last checkpoint): a site is peaked when, by either criterion,
+at least PEAKED_FRACTION of its rows are: ``peaked`` (logit std > sqrt(2 ln n)) or
+``peaked_entropy`` (the entropy-equivalent inverse temperature beta_eff > sqrt(2 ln n)). For
+attention heads the ``_xsink`` statistics (the sink key left out) replace the raw flags when the
+results carry them, so a head parked on the sink does not count as peaked. An `attn_layer`
+group or `attn_all` is peaked when one of its heads is.
 
-* ``concentrating``: peaked (the `peaked` fraction of rows, logit_std > sqrt(2 ln n), is
-  >= 0.5) and still growing: the late alpha's lower CI bound exceeds GROWTH_FLOOR = 0.05;
-* ``saturated``: peaked, not growing;
+Site class (heads and the LM head), from the late logit_std fit (the power law refitted on the
+second half of the window in log time) and a multiple-comparison control over sites:
+
+* ``concentrating``: peaked and still growing: the one-sided bootstrap p-value of "late alpha
+  <= GROWTH_FLOOR" is a discovery after Benjamini-Hochberg at level FDR over all sites;
+* ``saturated``: peaked, not (significantly) growing;
 * ``diffuse``: not peaked;
-* empty: not classifiable (no `peaked` metric or no logit_std fit for the site).
+* empty: not classifiable (no peakedness metric or no logit_std fit).
 
-Verdict, from two independent signals:
+Bottleneck verdict (`decide`), in this order:
 
-1. growth: if some attention heads are concentrating and the LM head is not, growth says
-   ``attention``; if the LM head is concentrating and no attention head is, ``lm_head``;
-   otherwise (both or neither) growth gives no answer.
-2. sensitivity (d loss / d log beta at the last checkpoint, measured by the sweep), compared
-   kind against kind on one scale: one inverse temperature shared by all attention heads has
-   d loss / d log beta = the sum of the heads' values (chain rule), the LM head's is its own.
-   The kind whose shared sharpening lowers the loss more (the more negative of the two) is the
-   answer, if that value is negative; with only one kind measured, that kind if negative; no
-   negative value, or none measured, gives no answer. Comparing the single most negative site
-   instead would pit one head against the whole LM head.
+1. no peakedness metric at all: ``undetermined``;
+2. no site peaked: ``none`` — "no softmax is peaked: the 1/3 mechanism does not apply" — when
+   both criteria were measured; by the logit-std flag alone (older runs without
+   ``peaked_entropy``) ``undetermined``, since that flag misses near-deterministic softmaxes;
+3. no `gain` metric in the results: ``undetermined`` (the verdict is never guessed from the
+   sign of a sensitivity); no loss-law fit (no L - L0): ``undetermined``;
+4. the candidate kinds are the peaked kinds with a significant gain share: some peaked site
+   of the kind has G / (L - L0) > GAIN_SHARE_MIN at the window's end, a BH discovery at level
+   FDR within its family (heads; layer groups; whole kinds); none: ``undetermined``;
+5. among the candidates, the kind whose gain decays slowest (smallest alpha_gain; ties by the
+   larger share) is the verdict: ``attention`` or ``lm_head``.
 
-The verdict is the answer the signals agree on; one answer alone is the verdict; conflicting
-answers, or none, give ``undetermined``. The reason string says which signals decided.
-
-In the `bottleneck` block of fits.json, n_concentrating / n_saturated / n_diffuse count
-attention heads; lm_head_alpha, attn_alpha_median (over concentrating attention heads) and
-each top site's alpha are the late-window logit_std exponents the classes are based on.
+Counts of heads are only ever reported after the BH control; the sensitivity
+(d loss / d log beta) is carried along as description and decides nothing.
 """
 
 from __future__ import annotations
@@ -37,128 +41,129 @@ import math
 import numpy as np
 import pandas as pd
 
-GROWTH_FLOOR = 0.05
-PEAKED_FRACTION = 0.5
+from peakprobe import vocab
+
 N_TOP_SITES = 10
+KIND_NAMES = {vocab.BOTTLENECK_ATTENTION: "attention", vocab.BOTTLENECK_LM_HEAD: "the LM head"}
+NOT_PEAKED = "no softmax is peaked: the 1/3 mechanism does not apply"
 
 
-def classify(peaked_final: float, late_alpha_lo: float) -> str:
+def peaked_criteria(site_kind: str, available: set[str]) -> list[str]:
+    """The peakedness flags used for a site kind, given the metric names the results hold."""
+    out = []
+    for base in ("peaked", vocab.PEAKED_ENTROPY):
+        names = [base + vocab.XSINK_SUFFIX, base] if site_kind == vocab.ATTN else [base]
+        for name in names:
+            if name in available:
+                out.append(name)
+                break
+    return out
+
+
+def is_peaked(values: dict[str, float], criteria: list[str]) -> bool | None:
+    """Peaked by any criterion (row fraction >= PEAKED_FRACTION); None when none is measured."""
+    seen = [values.get(c, math.nan) for c in criteria]
+    seen = [v for v in seen if math.isfinite(v)]
+    if not seen:
+        return None
+    return any(v >= vocab.PEAKED_FRACTION for v in seen)
+
+
+def classify(peaked: bool | None, q_growing: float, fdr: float = vocab.FDR) -> str:
     """The class of one site (see the module docstring); empty when not classifiable."""
-    if not (math.isfinite(peaked_final) and math.isfinite(late_alpha_lo)):
+    if peaked is None:
         return ""
-    if peaked_final < PEAKED_FRACTION:
+    if not peaked:
         return "diffuse"
-    return "concentrating" if late_alpha_lo > GROWTH_FLOOR else "saturated"
+    return "concentrating" if (math.isfinite(q_growing) and q_growing <= fdr) else "saturated"
 
 
-def _finite(v: float) -> float | None:
-    return float(v) if v is not None and math.isfinite(v) else None
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.0f}%"
 
 
-def _site_name(row: pd.Series) -> str:
-    if row["site_kind"] == "lm_head":
-        return "the LM head"
-    return f"attn L{int(row['layer'])} H{int(row['head'])}"
+def _num(v: float | None) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:.3f}"
 
 
-def _growth_signal(sites: pd.DataFrame) -> tuple[str | None, str]:
-    attn = sites[sites["site_kind"] == "attn"]
-    lm = sites[sites["site_kind"] == "lm_head"]
-    attn_conc = attn[attn["site_class"] == "concentrating"]
-    lm_class = lm["site_class"].iloc[0] if len(lm) else ""
-    lm_text = (
-        f"the LM head is {lm_class or 'unclassified'}"
-        + (f" (late alpha {lm['alpha_late'].iloc[0]:.3f})" if len(lm) and lm_class else "")
-        if len(lm)
-        else "there is no LM head"
+def describe_kind(name: str, k: dict) -> str:
+    """One sentence about a kind's gain share and exponents."""
+    return (
+        f"{KIND_NAMES.get(name, name)} carries {_pct(k['share'])} "
+        f"[{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] of L - L0 at the end of the window "
+        f"(gain of {k['site']}); "
+        f"its gain decays as t^-{_num(k['alpha_gain'])} [{_num(k['alpha_gain_lo'])}, "
+        f"{_num(k['alpha_gain_hi'])}] -> {k['gain_verdict']}; its logit_std grows as "
+        f"t^{_num(k['alpha_growth'])} [{_num(k['alpha_growth_lo'])}, "
+        f"{_num(k['alpha_growth_hi'])}] -> {k['growth_verdict']}"
     )
-    if len(attn_conc):
-        attn_text = (
-            f"{len(attn_conc)} attention heads still concentrate "
-            f"(median late alpha {attn_conc['alpha_late'].median():.3f})"
-        )
-    else:
-        attn_text = "no attention head still concentrates"
-    text = f"growth: {attn_text}; {lm_text}"
-    lm_conc = lm_class == "concentrating"
-    if len(attn_conc) and not lm_conc:
-        return "attention", text
-    if lm_conc and not len(attn_conc):
-        return "lm_head", text
-    return None, text + " (no answer)"
 
 
-def _sensitivity_signal(sites: pd.DataFrame) -> tuple[str | None, str]:
-    measured = sites[np.isfinite(sites["sensitivity"].to_numpy(dtype=float))]
-    if not len(measured):
-        return None, "sensitivity: not measured"
-    attn = measured[measured["site_kind"] == "attn"]
-    lm = measured[measured["site_kind"] == "lm_head"]
-    totals = {}  # kind -> d loss / d log beta of one temperature shared by the kind's sites
-    parts = []
-    if len(attn):
-        totals["attention"] = float(attn["sensitivity"].sum())
-        parts.append(f"all {len(attn)} attention heads together {totals['attention']:.4g}")
-    if len(lm):
-        totals["lm_head"] = float(lm["sensitivity"].iloc[0])
-        parts.append(f"the LM head {totals['lm_head']:.4g}")
-    text = f"sensitivity (d loss / d log beta): {', '.join(parts)}"
-    if len(attn):
-        head = attn.loc[attn["sensitivity"].idxmin()]
-        text += f"; most negative head {_site_name(head)} ({head['sensitivity']:.4g})"
-    kind = min(totals, key=totals.__getitem__)
-    if totals[kind] >= 0:
-        return None, text + " (no answer: sharpening lowers no loss)"
-    return kind, text
+def decide(kinds: dict[str, dict], *, has_peaked_metric: bool, has_gain: bool, has_loss: bool,
+           has_entropy_criterion: bool = True, fdr: float = vocab.FDR,
+           share_min: float = vocab.GAIN_SHARE_MIN) -> tuple[str, str]:
+    """(verdict, reason) from the per-kind blocks of fits.json (module docstring)."""
+    peaked = [name for name, k in kinds.items() if k["peaked"]]
+    counts = "; ".join(f"{KIND_NAMES.get(n, n)}: {k['n_peaked']} of {k['n_sites']} sites peaked"
+                       for n, k in kinds.items())
+    if not has_peaked_metric:
+        return vocab.BOTTLENECK_UNDETERMINED, (
+            "the results carry no peakedness metric (peaked / peaked_entropy), so whether the "
+            "1/3 mechanism applies cannot be judged")
+    if not peaked and not has_entropy_criterion:
+        return vocab.BOTTLENECK_UNDETERMINED, (
+            "no softmax is peaked by its logit std, but the results carry no peaked_entropy "
+            "(the entropy-equivalent beta_eff criterion, which catches near-deterministic "
+            f"softmaxes whose logit std stays low): re-sweep to decide ({counts})")
+    if not peaked:
+        return vocab.BOTTLENECK_NONE, f"{NOT_PEAKED} ({counts})"
+    if not has_gain:
+        return vocab.BOTTLENECK_UNDETERMINED, (
+            "the bottleneck cannot be computed without gains: the results carry no `gain` "
+            "metric (an older run, or attribution off); sensitivity signs are not used to "
+            f"guess ({counts})")
+    if not has_loss:
+        return vocab.BOTTLENECK_UNDETERMINED, (
+            "no loss-law fit, so no L - L0 to share the gains of")
+    cands = [n for n in peaked if kinds[n].get("significant")]
+    if not cands:
+        return vocab.BOTTLENECK_UNDETERMINED, (
+            f"no peaked softmax carries a significant share of L - L0 (> {share_min:g}, "
+            f"Benjamini-Hochberg at {fdr:g} over the gain sites) ({counts})")
+
+    def key(n: str) -> tuple[float, float]:
+        a = kinds[n].get("alpha_gain")
+        s = kinds[n].get("share")
+        return (a if a is not None and math.isfinite(a) else math.inf,
+                -(s if s is not None and math.isfinite(s) else -math.inf))
+
+    best = min(cands, key=key)
+    reason = describe_kind(best, kinds[best])
+    others = [n for n in cands if n != best]
+    if others:
+        reason += f"; it decays slower than {KIND_NAMES.get(others[0], others[0])}"
+    return best, reason + f" ({counts})"
 
 
 def top_sites(sites: pd.DataFrame, n: int = N_TOP_SITES) -> list[dict]:
-    """Concentrating sites first, then by sensitivity (most negative first), then by late alpha."""
-    order = sites.assign(
-        _conc=(sites["site_class"] != "concentrating").astype(int),
-        _sens=sites["sensitivity"].fillna(np.inf),
-        _alpha=-sites["alpha_late"].fillna(-np.inf),
-    ).sort_values(["_conc", "_sens", "_alpha", "site_kind", "layer", "head"], kind="stable")
+    """Heads and the LM head, significant gain shares first, then by share, then late alpha."""
+    heads = sites[sites["site_kind"].isin([vocab.ATTN, vocab.LM_HEAD])]
+    order = heads.assign(
+        _sig=~(heads["q_share"].fillna(1.0) <= vocab.FDR),
+        _share=-heads["share"].fillna(-1.0),
+        _alpha=-heads["alpha_late"].fillna(-np.inf),
+    ).sort_values(["_sig", "_share", "_alpha", "site_kind", "layer", "head"], kind="stable")
+    keys = ("share", "share_lo", "share_hi", "q_share", "alpha_gain", "alpha_late",
+            "sensitivity")
     return [
-        {
-            "site_kind": str(r["site_kind"]),
-            "layer": int(r["layer"]),
-            "head": int(r["head"]),
-            "alpha": _finite(r["alpha_late"]),
-            "sensitivity": _finite(r["sensitivity"]),
-        }
+        {"site_kind": str(r["site_kind"]), "layer": int(r["layer"]), "head": int(r["head"]),
+         "label": str(r["label"]), "peaked": None if pd.isna(r["peaked"]) else bool(r["peaked"]),
+         "site_class": str(r["site_class"]), "gain_verdict": str(r["gain_verdict"]),
+         **{k: _finite(r[k]) for k in keys}}
         for _, r in order.head(n).iterrows()
     ]
 
 
-def bottleneck(sites: pd.DataFrame) -> dict:
-    """The `bottleneck` block of fits.json from the per-site table.
+def _finite(v: float | None) -> float | None:
+    return float(v) if v is not None and math.isfinite(v) else None
 
-    ``sites`` columns: site_kind, layer, head, alpha_late, site_class, sensitivity.
-    """
-    growth, growth_text = _growth_signal(sites)
-    sens, sens_text = _sensitivity_signal(sites)
-    answers = {a for a in (growth, sens) if a is not None}
-    if len(answers) == 1:
-        verdict = answers.pop()
-        decided = " and ".join(n for n, a in (("growth", growth), ("sensitivity", sens)) if a)
-        reason = f"decided by {decided}. {growth_text}; {sens_text}"
-    elif answers:
-        verdict = "undetermined"
-        reason = f"the signals disagree. {growth_text}; {sens_text}"
-    else:
-        verdict = "undetermined"
-        reason = f"no signal decides. {growth_text}; {sens_text}"
-    attn = sites[sites["site_kind"] == "attn"]
-    lm = sites[sites["site_kind"] == "lm_head"]
-    conc = attn[attn["site_class"] == "concentrating"]
-    return {
-        "verdict": verdict,
-        "reason": reason,
-        "n_concentrating": int((attn["site_class"] == "concentrating").sum()),
-        "n_saturated": int((attn["site_class"] == "saturated").sum()),
-        "n_diffuse": int((attn["site_class"] == "diffuse").sum()),
-        "lm_head_alpha": _finite(lm["alpha_late"].iloc[0]) if len(lm) else None,
-        "attn_alpha_median": _finite(conc["alpha_late"].median()) if len(conc) else None,
-        "top_sites": top_sites(sites),
-    }

@@ -19,6 +19,7 @@ is fitted alone or inside a whole run.
 from __future__ import annotations
 
 import numpy as np
+from scipy.stats import norm
 
 DELTA = 1e-3  # Huber threshold on log-space residuals (Epoch AI practice)
 FEW_POINTS = 8  # fewer points than this: the `few_points` flag
@@ -138,3 +139,35 @@ def third_distance(alpha: float, lo: float, hi: float) -> tuple[bool, float]:
     else:
         dist = gap / half
     return bool(lo - 1e-9 <= third <= hi + 1e-9), float(dist)
+
+
+def p_at_most(estimate: np.ndarray, samples: np.ndarray, bound: float) -> np.ndarray:
+    """One-sided p-value of "the quantity is at most ``bound``" from a point estimate (S,) and
+    its bootstrap samples (S, B): the normal tail sf((estimate - bound) / sd) with sd the
+    bootstrap standard error. (A count of samples below the bound cannot go under 1 / (B + 1),
+    too coarse for Benjamini-Hochberg over hundreds of sites.) NaN without samples; a zero sd
+    gives 0 or 1. Small p: the quantity lies above the bound."""
+    est = np.asarray(estimate, dtype=float)
+    if samples.shape[-1] < 2:
+        return np.full(est.shape, np.nan)
+    sd = np.nanstd(samples, axis=-1, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (est - bound) / sd
+    z = np.where(sd > 0, z, np.where(est > bound, np.inf, -np.inf))
+    return np.where(np.isfinite(est), norm.sf(z), np.nan)
+
+
+def bh_qvalues(p: np.ndarray) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (q-values) of a 1-D array; NaN entries stay NaN
+    and do not count as tests. A test is a discovery at false-discovery rate q when its
+    q-value is <= q."""
+    p = np.asarray(p, dtype=float)
+    q = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    m = len(ok)
+    if m == 0:
+        return q
+    order = ok[np.argsort(p[ok], kind="stable")]
+    scaled = p[order] * m / np.arange(1, m + 1)
+    q[order] = np.minimum(np.minimum.accumulate(scaled[::-1])[::-1], 1.0)
+    return q

@@ -122,10 +122,11 @@ def _weighted_line(sums: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return np.stack([icept, slope], axis=1)
 
 
-def _bootstrap_slopes(
+def _bootstrap_lines(
     x: np.ndarray, res: np.ndarray, n_boot: int, seed: int, delta: float
 ) -> np.ndarray:
-    """Slope deviations of the smoothed residual bootstrap: res (S, n) -> (S, n_boot).
+    """(intercept, slope) deviations of the smoothed residual bootstrap: res (S, n) ->
+    (S, n_boot, 2).
 
     Refits run in float32 on blocks of ~BLOCK_ELEMS elements taken across series.
     """
@@ -136,21 +137,34 @@ def _bootstrap_slopes(
     res32 = res.astype(np.float32)
     rows = max(1, BLOCK_ELEMS // n)
     per_chunk = max(1, 8 * rows // n_boot)  # series per chunk of errors (about 8 blocks)
-    out = np.empty((n_series, n_boot))
+    out = np.empty((n_series, n_boot, 2))
     for s0 in range(0, n_series, per_chunk):
         sl = slice(s0, min(s0 + per_chunk, n_series))
         errs = res32[sl][:, idx]  # (k, B, n) resampled residuals
         errs += h[sl, None, None] * z32  # smoothing
         errs = errs.reshape(-1, n)  # (k * B, n)
-        slopes = np.empty(len(errs))
+        lines = np.empty((len(errs), 2))
         for b0 in range(0, len(errs), rows):
             block = errs[b0 : b0 + rows]
-            slopes[b0 : b0 + rows] = huber_lines(
+            lines[b0 : b0 + rows] = huber_lines(
                 x, block, delta, max_iter=BOOT_ITERS, tol=1e-7,
                 start=np.zeros((len(block), 2)), dtype=np.float32,
-            )[:, 1]
-        out[sl] = slopes.reshape(-1, n_boot)
+            )
+        out[sl] = lines.reshape(-1, n_boot, 2)
     return out
+
+
+@dataclass(frozen=True)
+class BootLines:
+    """Bootstrap refits of S lines log m = icept + slope * (log t - xbar): (S, B) each."""
+
+    icept: np.ndarray
+    slope: np.ndarray
+    xbar: float
+
+    def log_value_at(self, t: float) -> np.ndarray:
+        """Bootstrap log m at time t: (S, B)."""
+        return self.icept + self.slope * (np.log(t) - self.xbar)
 
 
 def _clean(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -207,6 +221,20 @@ def fit_power_law_many(
     All values must be finite and positive (fit_power_law cleans a single series first).
     Row s gets the fit fit_power_law(t, y[s]) gives (equal to the solver tolerance).
     """
+    return fit_power_law_boot(t, y, n_boot=n_boot, ci=ci, seed=seed, delta=delta)[0]
+
+
+def fit_power_law_boot(
+    t: np.ndarray,
+    y: np.ndarray,
+    *,
+    n_boot: int = 1000,
+    ci: float = 0.9,
+    seed: int = 0,
+    delta: float = DELTA,
+) -> tuple[list[GrowthFit], BootLines | None]:
+    """`fit_power_law_many` that also returns the bootstrap refits (None when n_boot = 0),
+    for one-sided tests and derived intervals (gain shares, "still growing")."""
     check_options(n_boot, ci, delta)
     t = np.asarray(t, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -227,9 +255,11 @@ def fit_power_law_many(
     ss_res = (res * res).sum(axis=1)
     ss_tot = ((ly - ly.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
     r2 = np.where(ss_tot > 0, 1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0), 1.0)
+    boot = None
     if n_boot > 0:
-        slopes = p[:, 1:2] + _bootstrap_slopes(x, res, n_boot, seed, delta)  # (S, B)
-        lo, hi = percentile_interval(slopes, ci)
+        dev = _bootstrap_lines(x, res, n_boot, seed, delta)  # (S, B, 2)
+        boot = BootLines(icept=p[:, 0:1] + dev[..., 0], slope=p[:, 1:2] + dev[..., 1], xbar=xbar)
+        lo, hi = percentile_interval(boot.slope, ci)
     else:
         lo = hi = np.full(len(p), np.nan)
     rising = p[:, 1] >= 0
@@ -254,4 +284,4 @@ def fit_power_law_many(
                 flags=tuple(flags),
             )
         )
-    return out
+    return out, boot

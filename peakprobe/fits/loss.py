@@ -1,4 +1,4 @@
-"""The loss law L(t) = L0 + c * t^(-alpha), fitted in log space, and the 1/3 test.
+"""The loss law L(t) = L0 + c * t^(-alpha), fitted in log space, with bootstrap intervals.
 
 Point estimate (Epoch AI practice, REFERENCE.md): the Huber loss (delta = 1e-3) of
 log L - log(L0 + c t^-alpha), summed over checkpoints, is evaluated on a grid of starting points
@@ -58,7 +58,10 @@ BOOT_ITERS = 60
 
 @dataclass(frozen=True)
 class LossFit:
-    """A fitted L = L0 + c * t^-alpha with bootstrap intervals and the 1/3 verdict."""
+    """A fitted L = L0 + c * t^-alpha with bootstrap intervals.
+
+    ``third_in_ci`` / ``third_distance_ci`` are plain facts (is 1/3 inside the interval, how
+    far in half-widths), not a verdict: `third.judge_third` gives the three-way verdict."""
 
     alpha: float
     alpha_lo: float
@@ -257,6 +260,19 @@ def _clean(t: np.ndarray, loss: np.ndarray) -> tuple[np.ndarray, np.ndarray, boo
     return tt, loss[ok][order], bool((~ok).any())
 
 
+@dataclass(frozen=True)
+class LossBoot:
+    """Bootstrap refits of the loss law: theta (B, 3) = (L0, k, alpha) with
+    L = L0 + exp(k - alpha * (log t - xbar))."""
+
+    theta: np.ndarray
+    xbar: float
+
+    def reducible_at(self, t: float) -> np.ndarray:
+        """Bootstrap L - L0 at time t: (B,)."""
+        return np.exp(self.theta[:, 1] - self.theta[:, 2] * (np.log(t) - self.xbar))
+
+
 def fit_loss_law(
     t: np.ndarray,
     L: np.ndarray,
@@ -272,6 +288,19 @@ def fit_loss_law(
     Raises FitError with fewer than 5 usable points. A curve that rises again late is flagged
     (``non_monotone``, ``late_rise``) and still fitted.
     """
+    return fit_loss_law_boot(t, L, n_boot=n_boot, ci=ci, seed=seed, delta=delta)[0]
+
+
+def fit_loss_law_boot(
+    t: np.ndarray,
+    L: np.ndarray,
+    *,
+    n_boot: int = 1000,
+    ci: float = 0.9,
+    seed: int = 0,
+    delta: float = DELTA,
+) -> tuple[LossFit, LossBoot | None]:
+    """`fit_loss_law` that also returns the bootstrap refits (None when n_boot = 0)."""
     check_options(n_boot, ci, delta)
     tt, loss, dropped = _clean(t, L)
     n = len(tt)
@@ -298,8 +327,10 @@ def fit_loss_law(
         boot = lm_fit(xc, ystar, start, l0_max, k_range, delta, BOOT_ITERS, tol=1e-8)
         a_lo, a_hi = percentile_interval(boot[:, 2], ci)
         l_lo, l_hi = percentile_interval(boot[:, 0], ci)
+        loss_boot = LossBoot(theta=boot, xbar=float(xbar))
     else:
         a_lo = a_hi = l_lo = l_hi = np.float64(np.nan)
+        loss_boot = None
 
     ss_res = float((res * res).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum())
@@ -312,7 +343,7 @@ def fit_loss_law(
     if dropped:
         flags.append("dropped_points")
     in_ci, dist = third_distance(alpha, float(a_lo), float(a_hi))
-    return LossFit(
+    fit = LossFit(
         alpha=alpha,
         alpha_lo=float(a_lo),
         alpha_hi=float(a_hi),
@@ -329,3 +360,4 @@ def fit_loss_law(
         third_in_ci=in_ci,
         third_distance_ci=dist,
     )
+    return fit, loss_boot

@@ -1,46 +1,92 @@
-"""The compact terminal summary of a run's fits (`peakprobe fit` prints it)."""
+"""The compact terminal summary of a run's fits (`peakprobe fit` prints it): every verdict with
+its interval, the band and the window."""
 
 from __future__ import annotations
 
 import math
 
+from peakprobe import vocab
+
 from .run import RunFits
+
+KIND_LABELS = {vocab.BOTTLENECK_ATTENTION: "attention", vocab.BOTTLENECK_LM_HEAD: "LM head"}
 
 
 def _num(v: float | None, fmt: str = ".3f") -> str:
     return "n/a" if v is None or not math.isfinite(v) else format(v, fmt)
 
 
+def _t(v: float) -> str:
+    """A time for a window: whole numbers from 100 up, three significant digits below."""
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.0f}%"
+
+
 def format_summary(run_fits: RunFits, n_sites: int = 5) -> str:
-    """A few lines: the window, the loss exponent with its CI against 1/3, the verdict and
-    the top sites."""
+    """A few lines: window, loss law with its three-way verdict, the scan, the bottleneck
+    verdict with shares and exponents, BH-controlled head counts, top sites, flags."""
     rf = run_fits
+    doc = rf.verdict
+    band = f"band [{rf.band[0]:g}, {rf.band[1]:g}]"
+    win = doc["window"]
+    where = (f"window {rf.time_axis} {_t(win['t_min'])}-{_t(win['t_max'])}, "
+             f"{win['n_points']} checkpoints")
     lines = [
-        f"{rf.model or rf.run_dir.name}: {rf.n_points} checkpoints fitted on {rf.time_axis} "
-        f"in [{rf.t_min:.6g}, {rf.t_max:.6g}]"
+        f"{rf.model or rf.run_dir.name}: {win['n_points']} checkpoints fitted on {rf.time_axis} "
+        f"{_t(win['t_min'])}-{_t(win['t_max'])} (steps {win['step_min']}-{win['step_max']}; "
+        f"start: {win['start_rule']})"
     ]
+    if doc["excluded"]:
+        lines.append("excluded (duplicate weights): "
+                     + ", ".join(e["revision"] for e in doc["excluded"]))
     loss = rf.loss
     if loss is None:
         lines.append("loss: no LM-head loss in the results")
     else:
-        inside = "inside" if loss.third_in_ci else "outside"
         lines.append(
-            f"loss: L = {_num(loss.L0)} + {_num(loss.c, '.4g')} t^-{_num(loss.alpha)}; "
-            f"alpha {_num(loss.alpha)} [{_num(loss.alpha_lo)}, {_num(loss.alpha_hi)}] (90% CI), "
-            f"1/3 {inside} ({_num(loss.third_distance_ci, '.2f')} half-widths away)"
+            f"loss: L = {_num(loss.L0, '.2f')} + {_num(loss.c, '#.3g')} t^-{_num(loss.alpha)}; "
+            f"alpha {_num(loss.alpha)} [{_num(loss.alpha_lo)}, {_num(loss.alpha_hi)}] "
+            f"({100 * vocab.CI_LEVEL:.0f}% CI) -> {doc['loss']['verdict']} ({band}; {where})"
         )
-    b = rf.verdict["bottleneck"]
+        scan = doc["loss_scan"]["rows"]
+        if scan:
+            alphas = [r["alpha"] for r in scan if r["alpha"] is not None]
+            drift = ("DRIFTS: a later start's interval misses the full window's"
+                     if doc["loss_scan"]["drift"] else "no drift")
+            lines.append(f"loss alpha vs window start: {min(alphas):.3f} to {max(alphas):.3f} "
+                         f"over {len(scan)} starts ({drift})")
+    if doc["spikes"]:
+        lines.append("loss spikes: " + ", ".join(s["revision"] for s in doc["spikes"]))
+    b = doc["bottleneck"]
     lines.append(f"bottleneck: {b['verdict']} - {b['reason']}")
+    for name, k in b["kinds"].items():
+        if k["share"] is None:
+            continue
+        lines.append(
+            f"  {KIND_LABELS.get(name, name)}: share {_pct(k['share'])} "
+            f"[{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] of L - L0 (gain of {k['site']}); "
+            "gain alpha "
+            f"{_num(k['alpha_gain'])} [{_num(k['alpha_gain_lo'])}, {_num(k['alpha_gain_hi'])}] "
+            f"-> {k['gain_verdict']}; growth alpha {_num(k['alpha_growth'])} "
+            f"[{_num(k['alpha_growth_lo'])}, {_num(k['alpha_growth_hi'])}] -> "
+            f"{k['growth_verdict']} ({band})"
+        )
     lines.append(
-        f"attention heads: {b['n_concentrating']} concentrating, {b['n_saturated']} saturated, "
-        f"{b['n_diffuse']} diffuse; LM head late alpha {_num(b['lm_head_alpha'])}"
+        f"attention heads: {b['n_peaked']} of {b['n_heads']} peaked; {b['n_concentrating']} "
+        f"concentrating, {b['n_saturated']} saturated, {b['n_diffuse']} diffuse "
+        f"(growth tested with Benjamini-Hochberg at {b['fdr']:g}); "
+        f"{b['n_share_significant']} sites with a significant gain share (> {b['share_min']:g})"
     )
     if b["top_sites"]:
-        lines.append("top sites (late logit_std alpha, d loss / d log beta):")
+        lines.append("top sites (gain share of L - L0, gain alpha, late logit_std alpha, "
+                     "d loss / d log beta):")
         for s in b["top_sites"][:n_sites]:
-            name = "lm_head" if s["site_kind"] == "lm_head" else f"attn L{s['layer']} H{s['head']}"
-            lines.append(f"  {name:<16} alpha {_num(s['alpha'])}  "
+            lines.append(f"  {s['label']:<16} share {_pct(s['share'])}  gain alpha "
+                         f"{_num(s['alpha_gain'])}  alpha {_num(s['alpha_late'])}  "
                          f"sensitivity {_num(s['sensitivity'], '.4g')}")
-    if rf.verdict["flags"]:
-        lines.append("flags: " + ", ".join(rf.verdict["flags"]))
+    if doc["flags"]:
+        lines.append("flags: " + ", ".join(doc["flags"]))
     return "\n".join(lines)

@@ -1,31 +1,53 @@
-"""Attention with a per-head inverse temperature, for the sensitivity probe.
+"""Attention with a per-head inverse temperature beta on the softmax logits.
 
-The sensitivity of a softmax site is d(loss)/d(log beta) at beta = 1, where beta multiplies that
-softmax's logits (after scaling and softcapping, before the mask). This module computes an
-attention output with such a beta in plain differentiable torch (the eager formulation), so one
-backward pass gives the derivative for every head at once. No weights change.
+beta multiplies a softmax's logits after scaling and softcapping, before the mask: the head's
+attention becomes softmax(beta_h * z + mask). With a learned sink logit (gpt-oss passes it as
+``s_aux``) the sink is one of that softmax's options, so beta multiplies it too:
+softmax([beta_h * z + mask, beta_h * s_h]), the sink column dropped after the softmax.
+
+``attention_with_beta`` picks the cheapest exact path. Without softcapping or a sink the logits
+are linear in the query, so multiplying head h's query by beta_h and handing the call to the
+model's own attention function (sdpa, flash, eager) gives softmax(beta_h * z + mask) exactly.
+With softcapping or a sink it computes the eager formulation here (``beta_attention``). Both are
+differentiable in beta, so one backward pass gives d loss / d log beta for every head. No
+weights change.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from ..probes.attention import MaskSpec
 
 
+def mask_spec(query: torch.Tensor, key: torch.Tensor, module, attention_mask, kwargs: dict) -> MaskSpec:
+    """The masking an attention call asks for, as ``MaskSpec`` (what the eager path applies)."""
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+    return MaskSpec(
+        mask=attention_mask,
+        causal=causal,
+        sliding_window=kwargs.get("sliding_window"),
+        q_offset=key.shape[2] - query.shape[2],
+    )
+
+
 def beta_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    log_beta: torch.Tensor,
+    beta: torch.Tensor,
     *,
     scaling: float,
     mask: MaskSpec,
     softcap: float | None = None,
+    sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(exp(log_beta_h) * z + mask) @ V per head; returns (B, Tq, H, D) like HF.
+    """softmax(beta_h * z + mask [, beta_h * sink_h]) @ V per head; returns (B, Tq, H, Dv) like HF.
 
-    query: (B, H, Tq, D); key/value: (B, Hkv, Tk, D); log_beta: (H,).
+    query: (B, H, Tq, D); key/value: (B, Hkv, Tk, D); beta: (H,); sink: (H,) or None.
     """
     b, h, tq, _ = query.shape
     hkv, tk = key.shape[1], key.shape[2]
@@ -34,7 +56,8 @@ def beta_attention(
     z = torch.matmul(query, k.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
     if softcap is not None:
         z = torch.tanh(z / softcap) * softcap
-    z = z * torch.exp(log_beta).to(z.dtype).view(1, h, 1, 1)
+    bh = beta.to(z.dtype).view(1, h, 1, 1)
+    z = z * bh
     lowest = torch.finfo(z.dtype).min
     if mask.mask is None:
         qpos = torch.arange(tq, device=z.device).unsqueeze(-1) + mask.q_offset  # (Tq, 1)
@@ -49,7 +72,44 @@ def beta_attention(
         z = z.masked_fill(~mask.mask[:, :, :tq, :tk], lowest)
     else:
         z = z + mask.mask[:, :, :tq, :tk].to(z.dtype)
+    if sink is not None:
+        s = (sink.to(z.dtype).view(1, h, 1, 1) * bh).expand(b, h, tq, 1)  # (B, H, Tq, 1)
+        z = torch.cat([z, s], dim=-1)  # (B, H, Tq, Tk + 1)
     soft_dtype = torch.promote_types(z.dtype, torch.float32)
-    p = torch.softmax(z, dim=-1, dtype=soft_dtype).to(query.dtype)  # (B, H, Tq, Tk)
+    p = torch.softmax(z, dim=-1, dtype=soft_dtype).to(query.dtype)  # (B, H, Tq, Tk [+1])
+    if sink is not None:
+        p = p[..., :tk]  # the sink's share goes nowhere
     out = torch.matmul(p, v)  # (B, H, Tq, Dv)
     return out.transpose(1, 2).contiguous()
+
+
+def attention_with_beta(
+    delegate: Callable,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    beta: torch.Tensor,
+    **kwargs,
+):
+    """One attention call with head h's logits multiplied by ``beta[h]`` (beta: (H,)).
+
+    ``delegate`` is the model's own attention function; it runs the call (with beta folded into
+    the query) unless softcapping or a sink makes the logits non-linear in the query.
+    Returns (output (B, Tq, H, Dv), None).
+    """
+    softcap = kwargs.get("softcap")
+    sink = kwargs.get("s_aux")
+    if softcap is None and sink is None:
+        q = query * beta.to(query.dtype).view(1, -1, 1, 1)  # (B, H, Tq, D)
+        out = delegate(module, q, key, value, attention_mask, **kwargs)
+        return out[0], None
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    spec = mask_spec(query, key, module, attention_mask, kwargs)
+    out = beta_attention(
+        query, key, value, beta, scaling=float(scaling), mask=spec, softcap=softcap, sink=sink
+    )
+    return out, None

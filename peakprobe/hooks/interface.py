@@ -34,7 +34,7 @@ from ..probes import (
     attention_head_sums,
     row_stats,
 )
-from .beta import beta_attention
+from .search import describe_attribution
 
 _names = itertools.count()
 
@@ -49,7 +49,13 @@ class ProbeConfig:
 
     chunk: query rows per block of attention logits (memory is O(chunk x T) per head).
     dtype: precision of the logits and statistics ("float32", or "float64" for exact checks).
-    sensitivity: also measure d(loss)/d(log beta) per site (one backward pass per batch).
+    sensitivity: run the attribution (d loss / d log beta, curvature, optimal-temperature gain
+        per site; ``peakprobe.hooks.attribution``) when a model is probed over windows
+        (``sweep.probe_model``); ``attach`` itself never does.
+    attribution_windows: the first N evaluation windows the attribution runs on (0 = off).
+    attribution_heads: single heads' gains: "estimate" (the local quadratic estimate, one
+        loss evaluation a head), "search" (the exact 1-D search, about six), "off" (sensitivity
+        only).
     backend: "torch", "triton" (forced; on CPU it needs TRITON_INTERPRET=1) or "auto" (the
         Triton kernel for CUDA tensors when triton is installed, torch otherwise).
     lm_chunk: token positions per block of LM-head logits.
@@ -60,10 +66,24 @@ class ProbeConfig:
 
     chunk: int = 32
     dtype: str = "float32"
-    sensitivity: bool = False
+    sensitivity: bool = True
     backend: str = "auto"
     lm_chunk: int = 512
+    attribution_windows: int = 4
+    attribution_heads: str = "estimate"
     fused: bool = False
+
+    def __post_init__(self) -> None:
+        if self.attribution_windows < 0:
+            raise ValueError(f"attribution windows must be >= 0, got {self.attribution_windows}")
+        if self.attribution_heads not in ("estimate", "search", "off"):
+            raise ValueError("attribution heads must be estimate, search or off, got "
+                             f"{self.attribution_heads!r}")
+
+    @property
+    def attribution(self) -> bool:
+        """Whether ``probe_model`` runs the attribution pass."""
+        return self.sensitivity and self.attribution_windows > 0
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -76,6 +96,8 @@ class ProbeConfig:
             "sensitivity": self.sensitivity,
             "backend": self.backend,
             "lm_chunk": self.lm_chunk,
+            "attribution": describe_attribution(self.attribution_windows, self.attribution_heads)
+            if self.attribution else None,
             "fused": self.fused,
         }
 
@@ -134,9 +156,6 @@ class Probe:
         self._layers: dict[int, int] = {}
         self._input_ids: torch.Tensor | None = None
         self._attention_mask: torch.Tensor | None = None
-        self._log_beta: dict[int, torch.Tensor] = {}
-        self._sens_sum: dict[int, torch.Tensor] = {}  # layer (-1 = LM head) -> (H,) float64
-        self._sens_tokens = 0
         self.n_attention_calls = 0
         self.last_loss = float("nan")
         self._sums_fn = attention_head_sums
@@ -169,8 +188,8 @@ class Probe:
         if am is not None and am.dim() == 2 and am.shape[-1] == query.shape[2]:
             row_valid = am.to(query.device).bool()  # (B, Tq)
         fused_out = None
-        sensitivity = self.config.sensitivity and torch.is_grad_enabled()
-        if self.config.fused and not sensitivity and value is not None:
+        # Fused only without autograd: the probe's output carries no gradient.
+        if self.config.fused and not torch.is_grad_enabled() and value is not None:
             fused_out, metrics, sums, counts = attention_forward_with_sums(
                 query.detach(), key.detach(), value.detach(), row_valid=row_valid,
                 chunk=self.config.chunk, dtype=self.config.torch_dtype, **stats_kw,
@@ -183,17 +202,8 @@ class Probe:
                 query.detach(), key.detach(), row_valid=row_valid, chunk=self.config.chunk,
                 dtype=self.config.torch_dtype, **stats_kw,
             )  # fmt: skip
-        scaling, spec, softcap = stats_kw["scaling"], stats_kw["mask"], stats_kw["softcap"]
         self.accumulator.add_sums(SiteGroup("attn", layer), metrics, sums, counts)
 
-        if self.config.sensitivity and torch.is_grad_enabled():
-            log_beta = torch.zeros(query.shape[1], dtype=query.dtype, device=query.device)
-            log_beta.requires_grad_(True)
-            self._log_beta[layer] = log_beta
-            out = beta_attention(
-                query, key, value, log_beta, scaling=float(scaling), mask=spec, softcap=softcap
-            )
-            return out, None
         if fused_out is not None:
             return fused_out, None
         if self._delegate is not None:
@@ -241,66 +251,13 @@ class Probe:
         input_ids = input_ids.to(device)
         if attention_mask is not None:
             attention_mask = attention_mask.to(device)
-        if not self.config.sensitivity:
-            with torch.no_grad():
-                self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-            return self.last_loss  # computed block by block by the LM-head hook
-        return self._run_sensitivity(input_ids, attention_mask)
-
-    def _batch_loss(self, logits, input_ids, attention_mask) -> torch.Tensor:
-        z = logits[:, :-1].float() if logits.dtype != torch.float64 else logits[:, :-1]
-        tgt = input_ids[:, 1:].clone()
-        if attention_mask is not None:
-            ok = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
-            tgt = torch.where(ok, tgt, torch.full_like(tgt, -100))
-        return torch.nn.functional.cross_entropy(
-            z.reshape(-1, z.shape[-1]), tgt.reshape(-1), ignore_index=-100
-        )
-
-    def _run_sensitivity(self, input_ids, attention_mask) -> float:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            p.requires_grad_(False)
-        self._log_beta = {}
-        try:
-            with torch.enable_grad():
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-                lm_log_beta = torch.zeros(1, dtype=out.logits.dtype, device=out.logits.device)
-                lm_log_beta.requires_grad_(True)
-                loss = self._batch_loss(out.logits * torch.exp(lm_log_beta), input_ids, attention_mask)
-                layers = sorted(self._log_beta)
-                grads = torch.autograd.grad(
-                    loss, [lm_log_beta] + [self._log_beta[i] for i in layers], allow_unused=True
-                )
-        finally:
-            for p in params:
-                p.requires_grad_(True)
-        n_tok = input_ids[:, 1:].numel()
-        if attention_mask is not None:
-            n_tok = int((attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()).sum())
-        for layer, g in zip([-1] + layers, grads, strict=True):
-            src = self._log_beta[layer] if layer >= 0 else lm_log_beta
-            g = torch.zeros_like(src) if g is None else g
-            add = g.detach().to(torch.float64).cpu() * n_tok
-            self._sens_sum[layer] = self._sens_sum.get(layer, torch.zeros_like(add)) + add
-        self._sens_tokens += n_tok
-        self._log_beta = {}
-        return loss.item()
+        with torch.no_grad():
+            self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return self.last_loss  # computed block by block by the LM-head hook
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy per-site means: site_kind, layer, head, metric, value, n_rows."""
-        df = self.accumulator.to_frame()
-        if self._sens_tokens:
-            rows = []
-            for layer, total in sorted(self._sens_sum.items()):
-                kind = "lm_head" if layer < 0 else "attn"
-                for h, v in enumerate(total.tolist()):
-                    head = -1 if layer < 0 else h
-                    rows.append((kind, layer, head, "sensitivity", v / self._sens_tokens, self._sens_tokens))
-            extra = pd.DataFrame(rows, columns=df.columns)
-            df = pd.concat([df, extra], ignore_index=True)
-            df = df.sort_values(["site_kind", "layer", "head", "metric"], kind="stable")
-        return df.reset_index(drop=True)
+        return self.accumulator.to_frame().reset_index(drop=True)
 
 
 def _check_supported(model: torch.nn.Module) -> None:

@@ -1,13 +1,15 @@
 """Rendering a fitted run directory into tables, figures and a self-contained HTML report.
 
-``render_report(run_dir)`` reads ``manifest.json``, ``checkpoints/*.parquet``, ``fits.parquet`` and
-``fits.json`` and writes ``RUN/report/``: ``report.html``, ``heads.csv``, ``heads.parquet``,
-``summary.json`` (schema in docs/summary_schema.md), ``summary.md`` and ``figures/*.png|svg``.
-It computes nothing new; it draws what ``fit`` and ``sweep`` wrote. Never imports torch.
+``render_report(run_dir)`` reads ``manifest.json``, ``checkpoints/*.parquet``, ``fits.parquet``,
+``fits.json`` and ``integrity.json`` and writes ``RUN/report/``: ``report.html`` (from the jinja2
+template in ``templates/``), ``heads.csv``, ``heads.parquet``, ``summary.json`` (schema in
+docs/summary_schema.md), ``summary.md`` and ``figures/*.png|svg``. It computes nothing new; it
+draws what ``fit`` and ``sweep`` wrote. Never imports torch.
 """
 
+from peakprobe.reports.markdown import summary_markdown
 from peakprobe.reports.render import FIGURE_NAMES, ReportPaths, render_report
-from peakprobe.reports.summary import build_summary, summary_markdown
+from peakprobe.reports.summary import build_summary
 from peakprobe.reports.tables import (
     HEADS_COLUMNS,
     HEADS_SCHEMA,

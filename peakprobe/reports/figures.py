@@ -1,7 +1,9 @@
 """The report's figures, drawn with matplotlib's Agg canvas and returned as PNG and SVG bytes.
 
-Owns: the alpha and final-peakedness heatmaps (layer x head), the log-log growth panels of the
-selected heads and the LM head, the loss curve, and the sensitivity ranking bar chart. Figures
+Owns: the alpha and final-peakedness heatmaps (layer x head, both peakedness criteria), the
+log-log growth panels of the selected heads and the LM head, the loss curve, the gain curves
+G(t) per softmax with their fits, the alpha(t_min) window scan against the band, and the
+sensitivity ranking bar chart. Figures
 are built on ``matplotlib.figure.Figure`` (no pyplot, no global backend switch) and saved with
 fixed metadata and a fixed SVG hash salt, so the same inputs give the same bytes. No user text
 (model or revision names) is drawn, so nothing needs escaping and mathtext never parses it.
@@ -20,7 +22,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator
 
-from peakprobe.reports.tables import THIRD, Curve, site_label, site_matrix
+from peakprobe.reports.tables import Curve, site_matrix
+from peakprobe.vocab import ATTN, ATTN_ALL, ATTN_LAYER, LM_HEAD, PEAKED_ENTROPY, THIRD, site_label
 
 DPI = 110
 SVG_HASHSALT = "peakprobe"
@@ -73,6 +76,7 @@ def _heatmap(
         vmax=vmax,
         edgecolors="white",
         linewidth=0.3 if n_heads * n_layers <= 400 else 0.0,
+        rasterized=n_heads * n_layers > 400,  # a big grid: one image in the SVG, not a path per cell
     )
     ax.set_xlim(-0.5, n_heads - 0.5)
     ax.set_ylim(n_layers - 0.5, -0.5)
@@ -98,7 +102,7 @@ def alpha_heatmap(heads: pd.DataFrame) -> RenderedFigure | None:
     vmax = max(0.5, float(np.percentile(finite, 98)))
     fig = _heatmap(mat, "viridis", vmin, vmax, "growth exponent α (line: 1/3)", (THIRD,))
     png, svg = _save(fig)
-    lm = heads[heads["site_kind"] == "lm_head"]
+    lm = heads[heads["site_kind"] == LM_HEAD]
     lm_text = f" The LM head's α is {_num(lm['alpha'].iloc[0])}." if not lm.empty else ""
     return RenderedFigure(
         "alpha_heatmap",
@@ -110,18 +114,28 @@ def alpha_heatmap(heads: pd.DataFrame) -> RenderedFigure | None:
     )
 
 
-def peaked_heatmap(heads: pd.DataFrame, last_revision: str) -> RenderedFigure | None:
-    mat = site_matrix(heads, "final_peaked")  # (L, H)
+def peaked_heatmap(
+    heads: pd.DataFrame, last_revision: str, criterion: str = "logit_std"
+) -> RenderedFigure | None:
+    """Final peaked fraction per head under one criterion: ``logit_std`` (the probes' flag) or
+    ``entropy`` (the entropy-equivalent beta_eff)."""
+    column = "final_peaked" if criterion == "logit_std" else f"final_{PEAKED_ENTROPY}"
+    mat = site_matrix(heads, column)  # (L, H)
     if mat.size == 0 or not np.isfinite(mat).any():
         return None
     fig = _heatmap(mat, "magma", 0.0, 1.0, "final peaked fraction", ())
     png, svg = _save(fig)
+    if criterion == "logit_std":
+        name, title = "peaked_heatmap", "Final peakedness per head (logit std)"
+        rule = "whose logit_std exceeds sqrt(2 ln n)"
+    else:
+        name, title = "peaked_entropy_heatmap", "Final peakedness per head (entropy-equivalent)"
+        rule = "whose entropy-equivalent inverse temperature β_eff exceeds sqrt(2 ln n)"
     return RenderedFigure(
-        "peaked_heatmap",
-        "Final peakedness per head",
-        "Fraction of query rows whose logit_std exceeds sqrt(2 ln n) (n = keys the row "
-        f"attends to) at the last checkpoint ({last_revision}); 1 = every row in the "
-        "peaked, low-temperature regime.",
+        name,
+        title,
+        f"Fraction of query rows {rule} (n = keys the row attends to) at the last checkpoint "
+        f"({last_revision}); 1 = every row in the peaked, low-temperature regime.",
         png,
         svg,
     )
@@ -259,6 +273,89 @@ def sensitivity_figure(ranking: pd.DataFrame) -> RenderedFigure | None:
         "Sensitivity ranking",
         f"The first {len(top)} sites by d loss / d log β at the last checkpoint, most negative first; "
         "red: scaling that softmax's logits up would lower the loss.",
+        png,
+        svg,
+    )
+
+
+GAIN_GROUPS = (  # (panel title, site kinds drawn in it)
+    ("LM head and all attention", (LM_HEAD, ATTN_ALL)),
+    ("attention, per layer", (ATTN_LAYER,)),
+    ("top heads by final G", (ATTN,)),
+)
+
+
+def gain_figure(curves: list[Curve], time_axis: str) -> RenderedFigure | None:
+    """G(t) per softmax, log-log, in up to three panels (LM head + all attention, layers, heads);
+    fitted c t^-alpha in solid over its window, a t^(-1/3) line dashed."""
+    curves = [c for c in curves if c.t.size and np.any(c.value > 0)]
+    panels = [(title, [c for c in curves if c.site_kind in kinds]) for title, kinds in GAIN_GROUPS]
+    panels = [(title, cs) for title, cs in panels if cs]
+    if not panels:
+        return None
+    width, height = 3.6 * len(panels), 3.1
+    fig = _new_figure(width, height, layout=None)
+    fig.subplots_adjust(left=0.6 / width, right=1 - 0.1 / width, bottom=0.5 / height, top=1 - 0.3 / height, wspace=0.35)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    cmap = matplotlib.colormaps["viridis"]
+    for ax, (title, cs) in zip(axes, panels, strict=True):
+        many = len(cs) > 6
+        for i, c in enumerate(cs):
+            color = cmap(i / max(1, len(cs) - 1)) if many else f"C{i}"
+            keep = c.value > 0
+            label = None if many else c.label
+            ax.loglog(c.t[keep], c.value[keep], "o-" if not many else "-", markersize=2.5, linewidth=0.8, color=color, label=label)
+            if c.fit_t.size and not many:
+                ax.loglog(c.fit_t, c.fit_value, "-", color=color, linewidth=2.0, alpha=0.6)
+                ax.loglog(c.fit_t, c.ref_value, "--", color="black", linewidth=0.8)
+        _sparse_log_ticks(ax)
+        ax.set_title(title + (f" ({len(cs)} layers, colour = depth)" if many else ""))
+        ax.set_xlabel(time_axis)
+        ax.set_ylabel("gain G (nats)")
+        if not many:
+            ax.legend(fontsize=7, frameon=False)
+    png, svg = _save(fig)
+    return RenderedFigure(
+        "gain_curves",
+        "Loss contribution G against training time (log-log)",
+        "G = L(β = 1) − min over β of L(β), β scaling one softmax's logits (or one shared by a "
+        "group); thin lines with dots: measured; thick: the fitted c·t^-α over its window; "
+        "dashed black: a t^(-1/3) line through the fit's geometric middle.",
+        png,
+        svg,
+    )
+
+
+def window_scan_figure(rows: list[dict], band: tuple[float, float], time_axis: str) -> RenderedFigure | None:
+    """alpha with its interval against the window start t_min, the band shaded, 1/3 dashed."""
+    rows = [r for r in rows if np.isfinite(r["t_min"]) and r["t_min"] > 0 and np.isfinite(r["alpha"])]
+    if not rows:
+        return None
+    fig = _new_figure(5.5, 3.4)
+    ax = fig.add_subplot()
+    ax.axhspan(band[0], band[1], color="#dff0d8", zorder=0, label=f"band [{band[0]:g}, {band[1]:g}]")
+    ax.axhline(THIRD, color="black", linestyle="--", linewidth=1.0, label="1/3")
+    for quantity in dict.fromkeys(r["quantity"] for r in rows):
+        rs = [r for r in rows if r["quantity"] == quantity]
+        t = np.array([r["t_min"] for r in rs])
+        a = np.array([r["alpha"] for r in rs])
+        lo = np.array([r["alpha_lo"] for r in rs])
+        hi = np.array([r["alpha_hi"] for r in rs])
+        err = np.vstack([np.where(np.isfinite(lo), a - lo, 0.0), np.where(np.isfinite(hi), hi - a, 0.0)])
+        ax.errorbar(t, a, yerr=err, fmt="o-", markersize=3, capsize=2, linewidth=1.0, label=quantity)
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_locator(LogLocator(base=10.0, subs=(2.0, 5.0)))
+    ax.xaxis.set_minor_formatter(FormatStrFormatter("%g"))  # a scan spans about one decade
+    ax.set_xlabel(f"window start t_min ({time_axis})")
+    ax.set_ylabel("exponent α")
+    ax.legend(fontsize=8, frameon=False)
+    png, svg = _save(fig)
+    return RenderedFigure(
+        "window_scan",
+        "Exponent against the start of the fit window",
+        "Each point: the exponent fitted on the window starting at t_min (to the run's last "
+        "checkpoint), with its interval; green: the equivalence band around 1/3; dashed: 1/3. "
+        "A law that holds gives a flat run of points inside the band.",
         png,
         svg,
     )

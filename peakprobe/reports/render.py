@@ -2,8 +2,8 @@
 
 Owns: the order of the rendering steps, the file layout of the report folder and the
 ``ReportPaths`` record. Writes ``heads.csv``, ``heads.parquet``, ``summary.json``, ``summary.md``,
-``figures/<name>.png|svg`` and ``report.html``, each atomically. Everything except report.html
-(which shows the command and a timestamp) is byte-identical for the same run.
+``figures/<name>.png|svg`` and ``report.html``, each atomically. Everything is byte-identical for
+the same run except report.html's two provenance lines (the command and the time).
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from peakprobe.reports import figures as F
+from peakprobe.reports import science
 from peakprobe.reports.html import render_html
-from peakprobe.reports.summary import build_summary, summary_markdown
+from peakprobe.reports.markdown import summary_markdown
+from peakprobe.reports.summary import build_summary
 from peakprobe.reports.tables import (
     HEADS_SCHEMA,
     curve_sites,
@@ -31,8 +33,18 @@ from peakprobe.reports.tables import (
     sensitivity_ranking,
 )
 from peakprobe.results import REPORT, table_bytes, write_bytes, write_json
+from peakprobe.vocab import LM_HEAD
 
-FIGURE_NAMES = ("alpha_heatmap", "peaked_heatmap", "growth_curves", "loss_curve", "sensitivity")
+FIGURE_NAMES = (
+    "alpha_heatmap",
+    "peaked_heatmap",
+    "peaked_entropy_heatmap",
+    "growth_curves",
+    "loss_curve",
+    "gain_curves",
+    "window_scan",
+    "sensitivity",
+)
 CURVE_HEADS = 6  # attention heads drawn in the growth panels (plus the LM head)
 
 
@@ -90,26 +102,33 @@ def render_report(
     write_bytes(out / "heads.parquet", table_bytes(heads, HEADS_SCHEMA))
     steps.update()
 
+    # summary first (it decides what the gain and window-scan figures show); its figure list
+    # is filled in once the figures are drawn
+    summary = build_summary(run, heads, [])
     rendered: dict[str, F.RenderedFigure] = {}
     with matplotlib.rc_context(F.RC):
-        for fig in (F.alpha_heatmap(heads), F.peaked_heatmap(heads, run.last_revision)):
-            if fig is not None:
-                rendered[fig.name] = fig
+        drawn = [
+            F.alpha_heatmap(heads),
+            F.peaked_heatmap(heads, run.last_revision, "logit_std"),
+            F.peaked_heatmap(heads, run.last_revision, "entropy"),
+        ]
         steps.update()
         sites, how = curve_sites(run, heads, CURVE_HEADS)
         curves = [growth_curve(run, *site) for site in sites]
-        if (heads["site_kind"] == "lm_head").any():
-            curves.append(growth_curve(run, "lm_head", -1, -1))
-        for fig in (
+        if (heads["site_kind"] == LM_HEAD).any():
+            curves.append(growth_curve(run, LM_HEAD, -1, -1))
+        drawn += [
             F.growth_panels(curves, run.time_axis, how),
             F.loss_figure(loss_curve(run), run.time_axis),
-        ):
-            if fig is not None:
-                rendered[fig.name] = fig
+        ]
         steps.update()
-        fig = F.sensitivity_figure(sensitivity_ranking(heads))
-        if fig is not None:
-            rendered[fig.name] = fig
+        gains = [science.gain_curve(run, *site) for site in science.gain_sites(run)]
+        drawn += [
+            F.gain_figure(gains, run.time_axis),
+            F.window_scan_figure(summary["window_scan"]["rows"], tuple(summary["band"]), run.time_axis),
+            F.sensitivity_figure(sensitivity_ranking(heads)),
+        ]
+        rendered = {fig.name: fig for fig in drawn if fig is not None}
         steps.update()
 
     png_paths, svg_paths = [], []
@@ -124,7 +143,7 @@ def render_report(
             png.unlink(missing_ok=True)
             svg.unlink(missing_ok=True)
 
-    summary = build_summary(run, heads, list(rendered))
+    summary["figures"] = sorted(rendered)
     write_json(out / "summary.json", summary)
     write_bytes(out / "summary.md", summary_markdown(summary).encode())
     steps.update()

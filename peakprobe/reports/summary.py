@@ -1,7 +1,7 @@
-"""``summary.json`` (verdicts and key numbers; schema in docs/summary_schema.md) and ``summary.md``.
+"""``summary.json``: verdicts and key numbers (schema in docs/summary_schema.md).
 
-Owns: assembling the summary dictionary from fits.json, fits.parquet, the per-site table and the
-manifest, and writing its Markdown rendering. Nothing here depends on the clock or the command
+Owns: assembling the summary dictionary from fits.json, fits.parquet, integrity.json, the
+per-site table and the manifest (summary.md renders it: reports/markdown.py). Nothing here depends on the clock or the command
 line, so the same run always gives the same bytes; NaN and infinities become JSON ``null``.
 """
 
@@ -13,9 +13,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from peakprobe.reports.tables import THIRD, RunData, sensitivity_ranking, site_label
+from peakprobe.reports import science
+from peakprobe.reports.tables import RunData, sensitivity_ranking
+from peakprobe.vocab import (
+    ATTN,
+    BOTTLENECK_ATTENTION,
+    BOTTLENECK_LM_HEAD,
+    BOTTLENECK_NONE,
+    CONSISTENT,
+    INCONSISTENT,
+    LM_HEAD,
+)
 
-SUMMARY_FORMAT = 1
+SUMMARY_FORMAT = 2
 TOP_SENSITIVE = 10
 
 
@@ -38,27 +48,19 @@ def _clean(x: Any) -> Any:
     return str(x)
 
 
-def loss_relation(
-    alpha: float | None, lo: float | None, hi: float | None, third_in_ci: Any = None
-) -> str:
-    """How the loss exponent sits against 1/3: consistent, faster, slower or undetermined.
-
-    fits.json's ``third_in_ci`` decides when given; otherwise the 90% CI [lo, hi] is compared to 1/3.
-    """
-    if isinstance(third_in_ci, bool) and alpha is not None and math.isfinite(alpha):
-        if third_in_ci:
-            return "consistent"
-        return "faster" if alpha > THIRD else "slower"
-    if alpha is None or lo is None or hi is None or not all(map(math.isfinite, (alpha, lo, hi))):
-        return "undetermined"
-    if lo > THIRD:
-        return "faster"
-    if hi < THIRD:
-        return "slower"
-    return "consistent"
+def verdict_text(verdict: str, band: tuple[float, float], lo: Any = None, hi: Any = None) -> str:
+    """One sentence saying why an interval [lo, hi] got its three-way verdict, with the band."""
+    b = f"[{band[0]:g}, {band[1]:g}]"
+    if verdict == CONSISTENT:
+        return f"the interval contains 1/3 and lies inside the band {b}"
+    if verdict == INCONSISTENT:
+        return "1/3 lies outside the interval"
+    if lo is None or hi is None:
+        return "there is no finite interval"
+    return f"the interval contains 1/3 but reaches outside the band {b}"
 
 
-def _loss_block(run: RunData) -> dict | None:
+def _loss_block(run: RunData, band: tuple[float, float]) -> dict | None:
     f = run.fits
     rows = f[(f["fit"] == "loss")]
     given = run.verdicts.get("loss") or {}
@@ -84,10 +86,13 @@ def _loss_block(run: RunData) -> dict | None:
     block["flags"] = [s for s in str(row["flags"]).split(";") if s] if row is not None else []
     third_in_ci = given.get("third_in_ci")
     block["third_in_ci"] = bool(third_in_ci) if isinstance(third_in_ci, bool) else None
-    block["third_distance_ci"] = _clean(given.get("third_distance_ci"))
-    block["relation"] = loss_relation(
-        block["alpha"], block["alpha_lo"], block["alpha_hi"], third_in_ci
+    block["verdict"] = science.judged(
+        given.get("verdict"), block["alpha_lo"], block["alpha_hi"], band
     )
+    block["verdict_text"] = verdict_text(
+        block["verdict"], band, block["alpha_lo"], block["alpha_hi"]
+    )
+    block["band"] = list(band)
     return block
 
 
@@ -99,23 +104,85 @@ def _site(row: Any) -> dict:
     }
 
 
+BOTTLENECK_TITLES = {
+    BOTTLENECK_ATTENTION: "Attention heads are the bottleneck",
+    BOTTLENECK_LM_HEAD: "The LM head is the bottleneck",
+    BOTTLENECK_NONE: "No softmax bottleneck",
+}
+
+
+TOP_SITE_KEYS = (
+    "site_kind",
+    "layer",
+    "head",
+    "peaked",
+    "share",
+    "share_lo",
+    "share_hi",
+    "q_share",
+    "alpha_gain",
+    "gain_verdict",
+    "alpha_late",
+    "site_class",
+    "sensitivity",
+)
+
+
+def _bottleneck_block(run: RunData, band: tuple[float, float]) -> dict:
+    given = dict(run.verdicts.get("bottleneck") or {})
+    verdict = given.get("verdict")
+    kinds = science.bottleneck_kinds(run, band)
+    named = next((k for k in kinds if k["kind"] == verdict), None)
+    exponents = []
+    if named is not None:
+        for q, key in (("gain G decay", "gain"), ("logit_std growth", "growth")):
+            if named[f"{key}_verdict"] is not None:
+                exponents.append({
+                    "label": named["label"],
+                    "quantity": q,
+                    "alpha": named[f"alpha_{key}"],
+                    "alpha_lo": named[f"alpha_{key}_lo"],
+                    "alpha_hi": named[f"alpha_{key}_hi"],
+                    "verdict": named[f"{key}_verdict"],
+                })
+    return {
+        "verdict": verdict,
+        "title": BOTTLENECK_TITLES.get(
+            verdict, f"Bottleneck: {verdict}" if verdict else "Bottleneck undetermined"
+        ),
+        "reason": given.get("reason"),
+        "share": named["share"] if named else None,
+        "share_lo": named["share_lo"] if named else None,
+        "share_hi": named["share_hi"] if named else None,
+        "exponents": exponents,
+        "kinds": kinds,
+        **{
+            k: given.get(k)
+            for k in (
+                "share_min",
+                "fdr",
+                "n_heads",
+                "n_peaked",
+                "n_concentrating",
+                "n_saturated",
+                "n_diffuse",
+                "n_share_significant",
+            )
+        },
+        "top_sites": [
+            {k: t.get(k) for k in TOP_SITE_KEYS} for t in given.get("top_sites") or []
+        ],
+    }
+
+
 def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
     """The summary.json object (documented field by field in docs/summary_schema.md)."""
     m = run.manifest
-    res = run.results
-    steps = res.drop_duplicates("revision")[["revision", "step"]]
-    bottleneck = dict(run.verdicts.get("bottleneck") or {})
-    top_sites = [
-        {
-            "site_kind": s.get("site_kind"),
-            "layer": s.get("layer"),
-            "head": s.get("head"),
-            "alpha": s.get("alpha"),
-            "sensitivity": s.get("sensitivity"),
-        }
-        for s in bottleneck.get("top_sites") or []
-    ]
-    lm = heads[heads["site_kind"] == "lm_head"]
+    steps = run.results.drop_duplicates("revision")[["revision", "step"]]
+    band = science.band_of(run)
+    loss = _loss_block(run, band)
+    exponents = science.exponents_block(run, band, loss)
+    lm = heads[heads["site_kind"] == LM_HEAD]
     lm_block = None
     if not lm.empty:
         r = lm.iloc[0]
@@ -128,6 +195,8 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
                 "r2",
                 "final_logit_std",
                 "final_peaked",
+                "final_peaked_entropy",
+                "final_beta_eff",
                 "final_entropy",
                 "final_max_prob",
                 "final_loss",
@@ -135,7 +204,7 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
             )
         }
         lm_block["site_class"] = str(r["site_class"])
-    attn = heads[heads["site_kind"] == "attn"]
+    attn = heads[heads["site_kind"] == ATTN]
     ranking = sensitivity_ranking(heads)
     data = m.get("data") or {}
     summary = {
@@ -143,6 +212,8 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
         "model": m.get("model"),
         "source": m.get("source"),
         "time_axis": run.time_axis,
+        "band": list(band),
+        "ci_level": science.ci_level_of(run),
         "checkpoints": {
             "n": int(len(steps)),
             "n_planned": len(m.get("checkpoints") or []),
@@ -151,20 +222,16 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
             "first_step": int(steps.iloc[0]["step"]),
             "last_revision": run.last_revision,
             "last_step": run.last_step,
+            **science.integrity_block(run),
         },
         "data": {k: data.get(k) for k in ("spec", "n_windows", "window", "token_hash")},
         "versions": dict(m.get("versions") or {}),
-        "loss": _loss_block(run),
-        "bottleneck": {
-            "verdict": bottleneck.get("verdict"),
-            "reason": bottleneck.get("reason"),
-            "n_concentrating": bottleneck.get("n_concentrating"),
-            "n_saturated": bottleneck.get("n_saturated"),
-            "n_diffuse": bottleneck.get("n_diffuse"),
-            "lm_head_alpha": bottleneck.get("lm_head_alpha"),
-            "attn_alpha_median": bottleneck.get("attn_alpha_median"),
-            "top_sites": top_sites,
-        },
+        "loss": loss,
+        "exponents": exponents,
+        "bottleneck": _bottleneck_block(run, band),
+        "peakedness": science.peakedness_block(run, heads),
+        "gains": science.gains_block(run, band),
+        "window_scan": science.window_scan_block(run, band),
         "lm_head": lm_block,
         "attention": {
             "n_sites": int(len(attn)),
@@ -193,100 +260,3 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
         "figures": sorted(figures),
     }
     return _clean(summary)
-
-
-def _n(x: Any, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "—"
-    if isinstance(x, float):
-        return f"{x:.{digits}g}"
-    return str(x)
-
-
-def _md(text: Any) -> str:
-    """User text made safe inside a Markdown table cell or line."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _code(text: Any) -> str:
-    """User text (names, revisions, hashes) as a Markdown code span, so it renders literally."""
-    body = str(text).replace("\n", " ")
-    fence = "`"
-    while fence in body:
-        fence += "`"
-    pad = " " if body.startswith("`") or body.endswith("`") else ""
-    return f"{fence}{pad}{body}{pad}{fence}"
-
-
-def summary_markdown(s: dict) -> str:
-    """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
-    lines = [f"# peakprobe report: {_code(s['model'])}", ""]
-    loss = s["loss"]
-    if loss is None:
-        lines.append("- **Loss law:** no loss fit in this run.")
-    else:
-        lines.append(
-            f"- **Loss law:** L = L0 + c·t^-α with α = {_n(loss['alpha'])} "
-            f"[{_n(loss['alpha_lo'])}, {_n(loss['alpha_hi'])}] (90% CI), L0 = {_n(loss['L0'])}; "
-            f"{relation_text(loss['relation'])}."
-        )
-    b = s["bottleneck"]
-    lines.append(
-        f"- **Bottleneck:** {_md(b['verdict'] or 'undetermined')}"
-        + (f" — {_md(b['reason'])}" if b["reason"] else "")
-    )
-    lines.append(
-        f"- **Heads:** {_n(b['n_concentrating'])} concentrating, {_n(b['n_saturated'])} saturated, "
-        f"{_n(b['n_diffuse'])} diffuse; median attention α {_n(b['attn_alpha_median'])}; "
-        f"LM head α {_n(b['lm_head_alpha'])}."
-    )
-    if s["flags"]:
-        lines.append(f"- **Flags:** {_md(', '.join(s['flags']))}")
-    lines.append("")
-    if b["top_sites"]:
-        lines += ["## Top sites", "", "| site | α | sensitivity |", "|---|---|---|"]
-        for t in b["top_sites"]:
-            lines.append(
-                f"| {site_label(t['site_kind'], t['layer'] if t['layer'] is not None else -1, t['head'] if t['head'] is not None else -1)} "
-                f"| {_n(t['alpha'])} | {_n(t['sensitivity'])} |"
-            )
-        lines.append("")
-    sens = s["sensitivity"]
-    lines.append("## Sensitivity ranking")
-    lines.append("")
-    if not sens["measured"]:
-        lines += ["Not measured in this run (the sweep ran without sensitivity).", ""]
-    else:
-        lines += [
-            "Most negative d loss / d log β first.",
-            "",
-            "| site | d loss / d log β | α | class |",
-            "|---|---|---|---|",
-        ]
-        for t in sens["top"]:
-            lines.append(
-                f"| {site_label(t['site_kind'], t['layer'], t['head'])} | {_n(t['sensitivity'])} "
-                f"| {_n(t['alpha'])} | {t['site_class'] or '—'} |"
-            )
-        lines.append("")
-    c, d = s["checkpoints"], s["data"]
-    lines += [
-        "## Provenance",
-        "",
-        f"- model: {_code(s['model'])} (source: {_code(s['source'])})",
-        f"- checkpoints: {c['n']} finished of {c['n_planned']} planned ({c['n_failed']} failed), "
-        f"{_code(c['first_revision'])} … {_code(c['last_revision'])}; time axis {s['time_axis']}",
-        f"- data: {_code(d['spec'])}, {_n(d['n_windows'])} windows × {_n(d['window'])} tokens, {_code(d['token_hash'])}",
-        "- versions: "
-        + ", ".join(f"{_md(k)} {_code(v)}" for k, v in sorted(s["versions"].items())),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def relation_text(relation: str) -> str:
-    return {
-        "consistent": "consistent with 1/3 (1/3 lies in the CI)",
-        "faster": "faster than 1/3 (the whole CI is above 1/3)",
-        "slower": "slower than 1/3 (the whole CI is below 1/3)",
-    }.get(relation, "undetermined (no finite CI)")

@@ -23,53 +23,40 @@ import pyarrow.parquet as pq
 from peakprobe.results import (
     FITS,
     FITS_JSON,
+    FITS_SCHEMA,
     read_failures,
     read_json,
     read_manifest,
     read_results,
 )
-
-THIRD = 1.0 / 3.0
-
-FITS_COLUMNS = (
-    "fit",
-    "site_kind",
-    "layer",
-    "head",
-    "metric",
-    "time_axis",
-    "t_min",
-    "t_max",
-    "n_points",
-    "alpha",
-    "alpha_lo",
-    "alpha_hi",
-    "c",
-    "L0",
-    "L0_lo",
-    "L0_hi",
-    "r2",
-    "monotone",
-    "flags",
-    "first_value",
-    "final_value",
-    "site_class",
-    "sensitivity",
+from peakprobe.vocab import (
+    ATTN,
+    BETA_EFF,
+    FINAL_METRICS,
+    GAIN,
+    INTEGRITY,
+    LM_EXTRA,
+    LM_HEAD,
+    PEAKED_ENTROPY,
+    SENSITIVITY,
+    THIRD,
+    XSINK_SUFFIX,
+    site_label,
 )
 
-# Metrics copied from the last checkpoint into the per-site table as ``final_<metric>``.
-FINAL_METRICS = (
-    "entropy",
-    "entropy_norm",
-    "max_prob",
-    "logit_std",
-    "logit_max_minus_mean",
-    "logit_top_gap",
+# Metrics copied from the last checkpoint into the per-site table as ``final_<metric>``: the
+# report's own choice (vocab.FINAL_METRICS), both peakedness criteria with their sink-excluded
+# variants, and the LM head's next-token statistics.
+PEAKEDNESS_METRICS: tuple[str, ...] = (
     "peaked",
-    "first_key_prob",
-    "loss",
-    "target_prob",
-    "target_logit_minus_mean",
+    PEAKED_ENTROPY,
+    BETA_EFF,
+    "peaked" + XSINK_SUFFIX,
+    PEAKED_ENTROPY + XSINK_SUFFIX,
+    BETA_EFF + XSINK_SUFFIX,
+)
+TABLE_METRICS: tuple[str, ...] = tuple(
+    dict.fromkeys((*FINAL_METRICS, *PEAKEDNESS_METRICS, "entropy_norm", *LM_EXTRA, GAIN))
 )
 
 HEADS_SCHEMA = pa.schema(
@@ -90,7 +77,21 @@ HEADS_SCHEMA = pa.schema(
         ("monotone", pa.bool_()),
         ("flags", pa.string()),
         ("first_logit_std", pa.float64()),
-        *[(f"final_{m}", pa.float64()) for m in FINAL_METRICS],
+        ("verdict", pa.string()),
+        ("alpha_late", pa.float64()),
+        ("alpha_late_lo", pa.float64()),
+        ("alpha_late_hi", pa.float64()),
+        ("q_growing", pa.float64()),
+        ("peaked", pa.bool_()),
+        ("gain_alpha", pa.float64()),
+        ("gain_alpha_lo", pa.float64()),
+        ("gain_alpha_hi", pa.float64()),
+        ("gain_verdict", pa.string()),
+        ("share", pa.float64()),
+        ("share_lo", pa.float64()),
+        ("share_hi", pa.float64()),
+        ("q_share", pa.float64()),
+        *[(f"final_{m}", pa.float64()) for m in TABLE_METRICS],
         ("sensitivity", pa.float64()),
     ]
 )
@@ -112,9 +113,12 @@ class RunData:
     fits: pd.DataFrame  # fits.parquet
     verdicts: dict  # fits.json
     failures: list[dict]
+    integrity: dict | None  # integrity.json (duplicated checkpoints), None when absent
+    excluded: frozenset[str]  # revisions the fits left out (duplicated weights): not drawn
     time_axis: str  # 'tau' or 'step'
     last_revision: str
     last_step: int
+    series_index: dict | None = None  # metric -> its kept rows, filled on first use
 
 
 @dataclass
@@ -138,13 +142,6 @@ class Curve:
     L0: float  # NaN for growth curves
 
 
-def site_label(site_kind: str, layer: int, head: int) -> str:
-    """Short display name of a site: ``L3 H5`` or ``LM head``."""
-    if site_kind == "lm_head":
-        return "LM head"
-    return f"L{int(layer)} H{int(head)}"
-
-
 def load_run(run_dir: str | os.PathLike) -> RunData:
     """Read manifest, results, fits.parquet and fits.json of a run, checking what a report needs."""
     run_dir = Path(run_dir)
@@ -157,7 +154,7 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
             f"{run_dir} has no {FITS} / {FITS_JSON}; run `peakprobe fit {run_dir}` before reporting"
         )
     fits = pq.read_table(fits_path).to_pandas()
-    missing = [c for c in FITS_COLUMNS if c not in fits.columns]
+    missing = [c for c in FITS_SCHEMA.names if c not in fits.columns]
     if missing:
         raise ReportError(
             f"{fits_path} lacks columns {', '.join(missing)}; re-run `peakprobe fit {run_dir}`"
@@ -169,7 +166,11 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
     if time_axis not in ("tau", "step"):
         axes = sorted(set(fits["time_axis"].dropna().astype(str)) & {"tau", "step"})
         time_axis = axes[0] if axes else "step"
-    last = results.iloc[-1]  # read_results sorts by step
+    integrity = _integrity(run_dir)
+    excluded = {str(e.get("revision")) for e in verdicts.get("excluded") or [] if isinstance(e, dict)}
+    excluded |= set((integrity or {}).get("flagged") or {})
+    kept = results[~results["revision"].isin(excluded)]
+    last = (kept if not kept.empty else results).iloc[-1]  # read_results sorts by step
     return RunData(
         run_dir=run_dir,
         manifest=manifest,
@@ -177,16 +178,28 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
         fits=fits,
         verdicts=verdicts,
         failures=read_failures(run_dir),
+        integrity=integrity,
+        excluded=frozenset(excluded),
         time_axis=time_axis,
         last_revision=str(last["revision"]),
         last_step=int(last["step"]),
     )
 
 
+def _integrity(run_dir: Path) -> dict | None:
+    path = run_dir / INTEGRITY
+    if not path.exists():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ReportError(f"{path} is not a JSON object; re-run the sweep's integrity check")
+    return data
+
+
 def _final_metrics(run: RunData) -> pd.DataFrame:
     """(site) x metric values at the last checkpoint, one row per site."""
     res = run.results
-    final = res[res["revision"] == run.last_revision]
+    final = res[(res["revision"] == run.last_revision) & res["site_kind"].isin((ATTN, LM_HEAD))]
     wide = final.pivot_table(index=SITE_KEYS, columns="metric", values="value", aggfunc="first")
     return wide
 
@@ -199,7 +212,11 @@ def heads_table(run: RunData) -> pd.DataFrame:
     metric, else from fits.parquet. Sites without a fit keep NaN exponents and ``n_points`` -1.
     """
     fits = run.fits
-    growth = fits[(fits["fit"] == "growth") & (fits["metric"] == "logit_std")]
+    growth = fits[
+        (fits["fit"] == "growth")
+        & (fits["metric"] == "logit_std")
+        & fits["site_kind"].isin((ATTN, LM_HEAD))
+    ]
     growth = growth.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
     final = _final_metrics(run)
     index = final.index.union(growth.index).sort_values()
@@ -207,19 +224,31 @@ def heads_table(run: RunData) -> pd.DataFrame:
     for col in ("alpha", "alpha_lo", "alpha_hi", "c", "r2", "t_min", "t_max"):
         out[col] = growth[col].reindex(index).astype("float64")
     out["site_class"] = growth["site_class"].reindex(index).fillna("").astype(str)
-    out["time_axis"] = growth["time_axis"].reindex(index).fillna(run.time_axis).astype(str)
+    axis = growth["time_axis"].reindex(index).fillna("").astype(str)
+    out["time_axis"] = axis.where(axis != "", run.time_axis)
     out["n_points"] = growth["n_points"].reindex(index).fillna(-1).astype("int64")
     out["monotone"] = growth["monotone"].reindex(index).fillna(False).astype(bool)
     out["flags"] = growth["flags"].reindex(index).fillna("").astype(str)
     out["first_logit_std"] = growth["first_value"].reindex(index).astype("float64")
-    for metric in FINAL_METRICS:
+    out["verdict"] = _column(growth, "verdict", index, "").astype(str)
+    for col in ("alpha_late", "alpha_late_lo", "alpha_late_hi", "q_growing"):
+        out[col] = _column(growth, col, index, np.nan).astype("float64")
+    out["peaked"] = _column(growth, "peaked", index, False).fillna(False).astype(bool)
+    gain = fits[(fits["fit"] == "gain") & fits["site_kind"].isin((ATTN, LM_HEAD))]
+    gain = gain.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
+    for col in ("alpha", "alpha_lo", "alpha_hi", "verdict"):
+        out[f"gain_{col}"] = _column(gain, col, index, "" if col == "verdict" else np.nan)
+    out["gain_verdict"] = out["gain_verdict"].fillna("").astype(str)
+    for col in ("share", "share_lo", "share_hi", "q_share"):
+        out[col] = _column(gain, col, index, np.nan).astype("float64")
+    for metric in TABLE_METRICS:
         if metric in final.columns:
             out[f"final_{metric}"] = final[metric].reindex(index).astype("float64")
         else:
             out[f"final_{metric}"] = np.nan
     sens = pd.Series(np.nan, index=index, dtype="float64")
-    if "sensitivity" in final.columns:
-        sens = final["sensitivity"].reindex(index).astype("float64")
+    if SENSITIVITY in final.columns:
+        sens = final[SENSITIVITY].reindex(index).astype("float64")
     sens = sens.fillna(growth["sensitivity"].reindex(index).astype("float64"))
     out["sensitivity"] = sens
     out = out.reset_index()
@@ -228,9 +257,18 @@ def heads_table(run: RunData) -> pd.DataFrame:
     return out[list(HEADS_COLUMNS)].reset_index(drop=True)
 
 
+def _column(frame: pd.DataFrame, col: str, index: pd.Index, default: object) -> pd.Series:
+    """``frame[col]`` on ``index`` (``default`` where a site has no row or the column is absent,
+    as in fits written by an older peakprobe)."""
+    if col not in frame.columns:
+        return pd.Series(default, index=index)
+    values = frame[col].reindex(index)
+    return values if default is np.nan else values.where(values.notna(), default)
+
+
 def attn_shape(heads: pd.DataFrame) -> tuple[int, int]:
     """(n_layers, n_heads) spanned by the attention sites (0, 0 when there are none)."""
-    attn = heads[heads["site_kind"] == "attn"]
+    attn = heads[heads["site_kind"] == ATTN]
     if attn.empty:
         return 0, 0
     return int(attn["layer"].max()) + 1, int(attn["head"].max()) + 1
@@ -240,36 +278,42 @@ def site_matrix(heads: pd.DataFrame, column: str) -> np.ndarray:
     """(n_layers, n_heads) matrix of ``column`` over the attention sites; NaN where no site."""
     n_layers, n_heads = attn_shape(heads)
     mat = np.full((n_layers, n_heads), np.nan)  # (L, H)
-    attn = heads[heads["site_kind"] == "attn"]
+    attn = heads[heads["site_kind"] == ATTN]
     mat[attn["layer"].to_numpy(), attn["head"].to_numpy()] = attn[column].to_numpy(dtype="float64")
     return mat
+
+
+def fit_rows(run: RunData, site_kind: str, layer: int, head: int, metric: str) -> pd.DataFrame:
+    """Every fits.parquet row of one site's metric (any ``fit`` kind)."""
+    f = run.fits
+    return f[
+        (f["site_kind"] == site_kind)
+        & (f["layer"] == layer)
+        & (f["head"] == head)
+        & (f["metric"] == metric)
+    ]
 
 
 def _site_fit(
     run: RunData, fit: str, site_kind: str, layer: int, head: int, metric: str
 ) -> pd.Series | None:
-    f = run.fits
-    rows = f[
-        (f["fit"] == fit)
-        & (f["site_kind"] == site_kind)
-        & (f["layer"] == layer)
-        & (f["head"] == head)
-        & (f["metric"] == metric)
-    ]
+    rows = fit_rows(run, site_kind, layer, head, metric)
+    rows = rows[rows["fit"] == fit]
     return None if rows.empty else rows.iloc[-1]
 
 
-def _series(
+def series(
     run: RunData, site_kind: str, layer: int, head: int, metric: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(t, value) of one site's metric over the checkpoints with t > 0, in time order."""
-    r = run.results
-    rows = r[
-        (r["site_kind"] == site_kind)
-        & (r["layer"] == layer)
-        & (r["head"] == head)
-        & (r["metric"] == metric)
-    ]
+    """(t, value) of one site's metric over the checkpoints with t > 0 that the fits kept
+    (duplicated checkpoints left out), in time order."""
+    if run.series_index is None:
+        run.series_index = {}
+    if metric not in run.series_index:  # one scan of every row per metric, not per curve
+        r = run.results
+        run.series_index[metric] = r[(r["metric"] == metric) & ~r["revision"].isin(run.excluded)]
+    m = run.series_index[metric]
+    rows = m[(m["site_kind"] == site_kind) & (m["layer"] == layer) & (m["head"] == head)]
     t = rows[run.time_axis].to_numpy(dtype="float64")
     v = rows["value"].to_numpy(dtype="float64")
     keep = np.isfinite(t) & (t > 0) & np.isfinite(v)
@@ -295,7 +339,7 @@ def growth_curve(
     run: RunData, site_kind: str, layer: int, head: int, metric: str = "logit_std"
 ) -> Curve:
     """logit_std (or ``metric``) of one site against time, its fitted c t^alpha and a t^(1/3) line."""
-    t, v = _series(run, site_kind, layer, head, metric)
+    t, v = series(run, site_kind, layer, head, metric)
     row = _site_fit(run, "growth", site_kind, layer, head, metric)
     fit_t = _window(row) if row is not None else np.empty(0)
     alpha, c = _f(row, "alpha"), _f(row, "c")
@@ -324,10 +368,10 @@ def growth_curve(
 
 def loss_curve(run: RunData) -> Curve | None:
     """The LM loss against time with its fit L0 + c t^-alpha and the L0 + c' t^(-1/3) reference."""
-    t, v = _series(run, "lm_head", -1, -1, "loss")
+    t, v = series(run, LM_HEAD, -1, -1, "loss")
     if t.size == 0:
         return None
-    row = _site_fit(run, "loss", "lm_head", -1, -1, "loss")
+    row = _site_fit(run, "loss", LM_HEAD, -1, -1, "loss")
     fit_t = _window(row) if row is not None else np.empty(0)
     alpha, c, L0 = _f(row, "alpha"), _f(row, "c"), _f(row, "L0")
     base = L0 if np.isfinite(L0) else 0.0
@@ -340,7 +384,7 @@ def loss_curve(run: RunData) -> Curve | None:
         fit_t = fit_v = ref_v = np.empty(0)
     return Curve(
         "loss",
-        "lm_head",
+        LM_HEAD,
         -1,
         -1,
         t,
@@ -364,29 +408,29 @@ def curve_sites(
     ``concentrating`` heads by decreasing alpha, up to ``k``; with no concentrating head at all,
     the ``k`` heads of largest alpha. The LM head is drawn separately and is not in this list.
     """
-    attn = heads[heads["site_kind"] == "attn"]
+    attn = heads[heads["site_kind"] == ATTN]
     present = set(zip(attn["layer"], attn["head"], strict=True))
     chosen: list[tuple[str, int, int]] = []
     top = (run.verdicts.get("bottleneck") or {}).get("top_sites") or []
     for site in top:
         key = (int(site.get("layer", -1)), int(site.get("head", -1)))
-        if site.get("site_kind") == "attn" and key in present and ("attn", *key) not in chosen:
-            chosen.append(("attn", *key))
+        if site.get("site_kind") == ATTN and key in present and (ATTN, *key) not in chosen:
+            chosen.append((ATTN, *key))
     conc = attn[attn["site_class"] == "concentrating"].sort_values(
         ["alpha", "layer", "head"], ascending=[False, True, True], kind="stable"
     )
     for layer, head in zip(conc["layer"], conc["head"], strict=True):
         if len(chosen) >= k:
             break
-        if ("attn", int(layer), int(head)) not in chosen:
-            chosen.append(("attn", int(layer), int(head)))
+        if (ATTN, int(layer), int(head)) not in chosen:
+            chosen.append((ATTN, int(layer), int(head)))
     chosen = chosen[:k]
     if chosen:
         return chosen, "top concentrating heads (fits.json top sites first, then by alpha)"
     ranked = attn[np.isfinite(attn["alpha"])].sort_values(
         ["alpha", "layer", "head"], ascending=[False, True, True], kind="stable"
     )
-    chosen = [("attn", int(r.layer), int(r.head)) for r in ranked.head(k).itertuples()]
+    chosen = [(ATTN, int(r.layer), int(r.head)) for r in ranked.head(k).itertuples()]
     return chosen, "no head is classed concentrating; heads of largest alpha"
 
 

@@ -2,7 +2,6 @@
 
 * ``peakprobe.toy.peaked_softmax`` — the teacher-student linear softmax head (the 1/3 law).
 * ``peakprobe.toy.linear_attention`` — the solvable linear self-attention (the contrast case).
-* ``peakprobe.toy.corpus`` — the embedded, generated corpus and its word-level tokenizer.
 * ``peakprobe.toy.tiny_lm`` — the tiny GPT-NeoX trainer behind ``peakprobe demo``.
 
 The names below are loaded on first use, so importing this package imports nothing heavy.
@@ -13,15 +12,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+
+class ToyConfigError(ValueError):
+    """A toy run asked for impossible settings (one-line message for the command line)."""
+
+
 _EXPORTS = {
-    "generate_documents": "corpus",
-    "embedded_text": "corpus",
-    "build_tokenizer": "corpus",
     "TinyLMConfig": "tiny_lm",
     "TinyLMError": "tiny_lm",
     "train_tiny_lm": "tiny_lm",
 }
-_SUBMODULES = ("corpus", "tiny_lm", "peaked_softmax", "linear_attention")
+_SUBMODULES = ("tiny_lm", "peaked_softmax", "linear_attention")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 

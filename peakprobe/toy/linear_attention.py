@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from peakprobe.results import write_json
+from peakprobe.toy import ToyConfigError
 from peakprobe.toy.linear_attention_theory import (
     ReducedDynamics,
     asymptotic_reducible,
@@ -47,7 +48,6 @@ from peakprobe.toy.linear_attention_theory import (
     predicted_exponents,
     reduced_dynamics,
 )
-from peakprobe.toy.peaked_softmax import ToyConfigError
 from peakprobe.toy.plots import plot_linear_attention
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "ToyConfigError",
     "bin_curve",
     "cli_linear",
+    "format_linear",
     "compare",
     "log_bins",
     "lsa_predict_dense",
@@ -350,3 +351,24 @@ def cli_linear(out_dir: Path, *, quick: bool = False, seed: int = 0, progress: b
     }
     write_json(out_dir / "summary.json", summary)
     return summary
+
+
+def format_linear(summary: dict) -> str:
+    """What ``peakprobe toy linear`` prints: the time exponent against the solved dynamics and
+    the closed form, the size exponent, and whether simulation and ODE agree."""
+    lines = [f"linear attention (a = {summary['config']['zipf_a']:g}): "
+             f"{summary['n_sizes_agree']} model sizes agree with the reduced dynamics "
+             f"({summary['criteria']}): {'yes' if summary['acceptance'] else 'no'}"]
+    t = summary["time"]
+    if t is not None:
+        lines.append(
+            f"  time exponent, M = {t['model_size']}: simulation {t['alpha_sim']:.3f} "
+            f"[{t['alpha_sim_lo']:.3f}, {t['alpha_sim_hi']:.3f}] (90% CI), reduced ODE "
+            f"{t['alpha_reduced']:.3f}, closed form a/(1+a) = {t['alpha_theory']:.3f} "
+            "(set by the data spectrum, not by 1/3)")
+    size = summary["size"]
+    if "alpha_sim" in size:
+        lines.append(f"  size exponent: simulation {size['alpha_sim']:.3f} "
+                     f"[{size['alpha_sim_lo']:.3f}, {size['alpha_sim_hi']:.3f}], reduced ODE "
+                     f"{size['alpha_reduced']:.3f}, theory {size['alpha_theory']:.3f}")
+    return "\n".join(lines)

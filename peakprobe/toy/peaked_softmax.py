@@ -27,14 +27,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from peakprobe.fits.third import judge_third
 from peakprobe.results import write_json
+from peakprobe.toy import ToyConfigError
 from peakprobe.toy.plots import plot_peaked
+from peakprobe.vocab import BAND, peaked_threshold
 
 __all__ = [
     "DEFAULTS",
     "PeakedRun",
     "ToyConfigError",
     "cli_peaked",
+    "format_peaked",
     "kl_and_grad",
     "peaked_window",
     "plot_peaked",
@@ -56,10 +60,6 @@ TEMPERATURE = 1e-3
 WINDOW_LOW = 2.0
 WINDOW_HIGH = 20.0
 THIRD_BAND = (0.30, 0.37)
-
-
-class ToyConfigError(ValueError):
-    """A toy-model argument a user passed is out of range."""
 
 
 @dataclass
@@ -205,7 +205,7 @@ def peaked_window(run: PeakedRun) -> np.ndarray:
     std <= teacher std / WINDOW_HIGH, where the finite-teacher correction to L (about -2c/beta*)
     stays under ~10%.
     """
-    c0 = math.sqrt(2.0 * math.log(run.config["n"]))
+    c0 = peaked_threshold(run.config["n"])
     lo = WINDOW_LOW * c0
     hi = run.teacher_logit_std / WINDOW_HIGH
     return (run.logit_std >= lo) & (run.logit_std <= hi)
@@ -229,7 +229,7 @@ def summarize_peaked(run: PeakedRun, *, n_boot: int = 400, seed: int = 0) -> dic
 
     mask = peaked_window(run)
     if int(mask.sum()) < 5:
-        c0 = math.sqrt(2.0 * math.log(run.config["n"]))
+        c0 = peaked_threshold(run.config["n"])
         raise ToyConfigError(
             f"only {int(mask.sum())} logged points have student logit std in "
             f"[{WINDOW_LOW * c0:.2f}, {run.teacher_logit_std / WINDOW_HIGH:.2f}]: "
@@ -244,7 +244,7 @@ def summarize_peaked(run: PeakedRun, *, n_boot: int = 400, seed: int = 0) -> dic
         "optimizer": run.optimizer,
         "config": dict(run.config),
         "teacher_logit_std": float(run.teacher_logit_std),
-        "peaked_threshold": math.sqrt(2.0 * math.log(run.config["n"])),
+        "peaked_threshold": peaked_threshold(run.config["n"]),
         "window": {"t_min": float(t[0]), "t_max": float(t[-1]), "n_points": int(mask.sum()),
                    "rule": f"{WINDOW_LOW:g} sqrt(2 ln n) <= logit_std <= teacher_logit_std / {WINDOW_HIGH:g}"},
         # the decay exponent is minus the fitted slope; its CI bounds swap accordingly
@@ -262,7 +262,32 @@ def summarize_peaked(run: PeakedRun, *, n_boot: int = 400, seed: int = 0) -> dic
     lo, hi = THIRD_BAND
     summary["in_band"] = {key: bool(lo <= summary[f"{key}_alpha"] <= hi)
                           for key in ("loss", "w_norm", "logit_std")}
+    summary["verdict_band"] = list(BAND)
+    summary["verdict"] = {key: judge_third(summary[f"{key}_alpha_lo"], summary[f"{key}_alpha_hi"])
+                          for key in ("loss", "w_norm", "logit_std")}
     return summary
+
+
+def format_peaked(summary: dict) -> str:
+    """What ``peakprobe toy peaked`` prints: per optimizer, each exponent with its 90% interval,
+    its three-way verdict against 1/3 (band stated) and the fitted window."""
+    lines = []
+    for name, run in summary["runs"].items():
+        w = run["window"]
+        band = run["verdict_band"]
+        lines.append(f"peaked softmax, {name}: window steps {w['t_min']:.0f}-{w['t_max']:.0f} "
+                     f"({w['n_points']} points; {w['rule']})")
+        for key, label in (("loss", "loss decay"), ("w_norm", "||W|| growth"),
+                           ("logit_std", "logit std growth")):
+            lines.append(
+                f"  {label:<17} alpha {run[key + '_alpha']:.3f} "
+                f"[{run[key + '_alpha_lo']:.3f}, {run[key + '_alpha_hi']:.3f}] (90% CI) -> "
+                f"{run['verdict'][key]} with 1/3 (band [{band[0]:g}, {band[1]:g}])"
+            )
+        lines.append(f"  loss with a free floor: alpha {run['loss_alpha_free_L0']:.3f} "
+                     f"[{run['loss_alpha_free_L0_lo']:.3f}, {run['loss_alpha_free_L0_hi']:.3f}], "
+                     f"L0 {run['loss_L0']:.3g}")
+    return "\n".join(lines)
 
 
 def run_to_dict(run: PeakedRun) -> dict:

@@ -1,4 +1,4 @@
-"""Figures for the toy models (matplotlib, Agg backend); drawing only, no computation.
+"""Figures for the toy models (matplotlib's Agg canvas); drawing only, no computation.
 
 ``plot_peaked`` draws one peaked-softmax run (loss, ||W||_F and logit std against step, log-log,
 with the fitted power laws over the fit window); ``plot_linear_attention`` draws the simulated
@@ -9,36 +9,39 @@ loss against model size.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-if TYPE_CHECKING:
-    from peakprobe.toy.linear_attention import LinearAttentionComparison
-    from peakprobe.toy.peaked_softmax import PeakedRun
+from ..vocab import peaked_threshold
 
 __all__ = ["plot_linear_attention", "plot_peaked"]
 
 
-def _save(fig, path: Path) -> Path:
+def _subplots(ncols: int, figsize: tuple[float, float]) -> tuple[Figure, Any]:
+    """A figure on its own Agg canvas (no pyplot, no global backend switch)."""
+    fig = Figure(figsize=figsize)
+    axes = fig.subplots(1, ncols)
+    return fig, axes
+
+
+def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
-def plot_peaked(run: PeakedRun, summary: dict, out_dir: Path) -> list[Path]:
-    """Write ``peaked_<optimizer>.png``: loss and logit growth with their fitted power laws."""
+def plot_peaked(run: Any, summary: dict, out_dir: Path) -> list[Path]:
+    """Write ``peaked_<optimizer>.png``: loss and logit growth with their fitted power laws.
+
+    ``run`` is a ``peaked_softmax.PeakedRun`` (steps, loss, w_norm, logit_std, optimizer)."""
     out_dir = Path(out_dir)
     t = run.steps.astype(float)
     t0, t1 = summary["window"]["t_min"], summary["window"]["t_max"]
     tw = np.geomspace(t0, t1, 50)
-    fig, (ax_l, ax_g) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_l, ax_g) = _subplots(2, (10, 4))
 
     ax_l.loglog(t, run.loss, "o", ms=3, color="C0", label="KL(teacher||student)")
     a = summary["loss_alpha"]
@@ -54,7 +57,7 @@ def plot_peaked(run: PeakedRun, summary: dict, out_dir: Path) -> list[Path]:
         alpha = summary[f"{key}_alpha"]
         ax_g.loglog(t, getattr(run, key), "o", ms=3, color=color, label=f"{label}: fit t^{alpha:.3f}")
         ax_g.loglog(tw, summary[f"{key}_c"] * tw ** alpha, "-", color="k", lw=1)
-    ax_g.axhline(summary["peaked_threshold"], ls=":", color="0.4", label="sqrt(2 ln n)")
+    ax_g.axhline(peaked_threshold(run.config["n"]), ls=":", color="0.4", label="sqrt(2 ln n)")
     ax_g.axvspan(t0, t1, color="0.9", zorder=0)
     ax_g.set_xlabel("step")
     ax_g.set_title(f"{run.optimizer}: growth (window shaded)")
@@ -62,8 +65,8 @@ def plot_peaked(run: PeakedRun, summary: dict, out_dir: Path) -> list[Path]:
     return [_save(fig, out_dir / f"peaked_{run.optimizer}.png")]
 
 
-def plot_linear_attention(comparison: LinearAttentionComparison, out_dir: Path) -> list[Path]:
-    """Write ``linear_attention_curves.png`` (loss vs step per model size, simulation mean with
+def plot_linear_attention(comparison: Any, out_dir: Path) -> list[Path]:
+    """``comparison`` is a ``linear_attention.LinearAttentionComparison``. Write ``linear_attention_curves.png`` (loss vs step per model size, simulation mean with
     its 10-90% seed spread against the reduced dynamics, fit windows dotted; and the loss above
     the context floor with the predicted t^-(a/(1+a))) and ``linear_attention_sizes.png``
     (final loss above the context floor against model size)."""
@@ -71,7 +74,7 @@ def plot_linear_attention(comparison: LinearAttentionComparison, out_dir: Path) 
     sim, red = comparison.simulation, comparison.reduced_binned
     floor = comparison.summary["context_floor"]
     theory = comparison.summary["theory"]["time"]
-    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax, ax_r) = _subplots(2, (12, 4.5))
     for i, m in enumerate(sim.model_sizes):
         color = f"C{i}"
         mean = sim.loss[i].mean(axis=0)
@@ -99,7 +102,7 @@ def plot_linear_attention(comparison: LinearAttentionComparison, out_dir: Path) 
     ax_r.legend(fontsize=7)
     paths = [_save(fig, out_dir / "linear_attention_curves.png")]
 
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, ax = _subplots(1, (5, 4))
     sizes = np.asarray(sim.model_sizes, dtype=float)
     table = comparison.table
     ax.loglog(sizes, table["final_reducible_sim"], "o", label="simulation")

@@ -32,9 +32,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from peakprobe import corpus
 from peakprobe.results import read_json, write_json
 from peakprobe.sweep import quiet_transformers_progress
-from peakprobe.toy import corpus
 
 MARKER = "tiny_lm.json"
 SCHEDULE = "schedule.json"

@@ -138,11 +138,6 @@ def generate_documents(n_docs: int, *, seed: int = 0, start: int = 0) -> list[st
     return [" ".join(_document(np.random.default_rng([seed, i]))) for i in range(start, start + n_docs)]
 
 
-def embedded_text(n_docs: int = 200, *, seed: int = EVAL_SEED) -> str:
-    """The evaluation default: ``n_docs`` documents, one per line (held out from training seeds)."""
-    return "\n".join(generate_documents(n_docs, seed=seed))
-
-
 def build_tokenizer(model_max_length: int = 2048):
     """A fast word-level tokenizer over ``VOCAB`` (a ``transformers.PreTrainedTokenizerFast``).
 

@@ -1,0 +1,84 @@
+"""Choosing checkpoints among those available: the HF cache offline, the hub (or built-in
+table) online; the default Pythia selection; a user schedule replacing the built-in one.
+
+Selections never fail because some requested checkpoints are missing while others are there:
+they return what is available and one line saying what was requested but is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .cache import cached_refs
+from .errors import SelectionError, UnknownRevisionError
+from .families import pythia_default_steps
+from .records import Checkpoint, CheckpointSequence
+from .schedules import Schedule
+
+
+def restrict_to_cache(seq: CheckpointSequence) -> CheckpointSequence:
+    """The hub revisions of ``seq`` held in the local HF cache (local folders are kept)."""
+    refs = cached_refs(seq.source)
+    return replace(seq, checkpoints=[c for c in seq if c.path is not None or c.revision in refs])
+
+
+def with_schedule(seq: CheckpointSequence, schedule: Schedule) -> CheckpointSequence:
+    """``seq`` with tau recomputed from ``schedule`` (a user's own LR log)."""
+    checkpoints = [replace(c, tau=float(schedule.tau(c.step))) for c in seq]
+    return replace(seq, checkpoints=checkpoints, schedule=schedule)
+
+
+def _short(names: list[str], limit: int = 6) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def select_available(
+    full: CheckpointSequence,
+    available: CheckpointSequence,
+    *,
+    where: str,
+    n: int | None = None,
+    spacing: str = "log",
+    steps: list[int] | None = None,
+    step_range: tuple[int, int] | None = None,
+    revisions: list[str] | None = None,
+    complete: bool = True,
+) -> tuple[CheckpointSequence, str | None]:
+    """Select among ``available`` (a subset of ``full``); returns the selection and a one-line
+    note on what was requested but is not available (None when nothing is missing).
+
+    A step or revision unknown to ``full`` is an error (a typo) when ``full`` is the complete
+    list (built-in table, hub listing), and merely missing when ``full`` is itself what the cache
+    holds (``complete=False``). With no selection at all, Pythia gets its default (the authors'
+    steps plus log-spaced fill), others everything."""
+    if not len(available):
+        raise SelectionError(f"none of the {len(full)} revisions of {full.name} is {where}")
+    have = set(available.revisions)
+    note = None
+    if steps is not None or revisions is not None:
+        keys = sorted(set(int(s) for s in steps)) if steps is not None else list(dict.fromkeys(revisions))
+        missing, present = [], []
+        for key in keys:
+            try:
+                c: Checkpoint = full.by_step(key) if steps is not None else full.by_revision(key)
+            except UnknownRevisionError:
+                if complete:
+                    raise
+                missing.append(f"step {key}" if steps is not None else key)
+                continue
+            (present if c.revision in have else missing).append(c.revision)
+        if not present:
+            raise SelectionError(f"none of the requested revisions of {full.name} is {where} "
+                                 f"(missing: {_short(missing)})")
+        if missing:
+            note = f"{len(missing)} requested revisions are not {where} and are skipped: {_short(missing)}"
+        return available.select(revisions=present), note
+    if n is None and step_range is None:
+        if full.family == "pythia":
+            return available.select(steps=pythia_default_steps(available.steps)), None
+        return available, None
+    picked = available.select(n=n, spacing=spacing, step_range=step_range)
+    if n is not None and len(picked) < n and len(available) < n:
+        note = (f"requested {n} checkpoints, selected {len(picked)}: only {len(available)} of the "
+                f"{len(full)} revisions of {full.name} are {where}")
+    return picked, note

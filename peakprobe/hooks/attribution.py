@@ -1,0 +1,362 @@
+"""Per-site loss attribution: the optimal-temperature gain of every softmax, and its derivatives.
+
+For a site (one softmax, or a group sharing one beta) and x = log beta, where beta multiplies
+the site's logits (after scaling and softcapping, before the mask; see ``beta``) with all else
+fixed, L(x) is the mean next-token cross-entropy over the attribution windows. Per site:
+
+* ``sensitivity`` d L / d x at x = 0 — one backward pass for every head (a layer's and all
+  attention's are the sums of their heads'); the LM head's in closed form, E_p[z] - z_target;
+* ``curvature`` d^2 L / d x^2 at 0 — the LM head's in closed form (its slope + Var_p[z]); for
+  attention the one-sided secant over [0, -sign(g) * delta] (see ``search``);
+* ``gain`` G = L(0) - min_x L(x), and ``log_beta_opt`` the minimiser: a 1-D search for the LM
+  head (on its cached logits, no re-forward), each layer's heads together and all heads
+  together. Single heads (``heads``): ``"estimate"`` (default) the local quadratic estimate
+  g^2 / (2h) from one evaluation (NaN where h <= 0), ``"search"`` the same search as the
+  groups (about six evaluations a head), ``"off"`` the sensitivity only.
+
+Cost: evaluations for a beta on layer l re-run only layers l.. on top of the outputs of the
+layers below, cached once per batch (the decoder layers are found as the ``ModuleList`` whose
+i-th block holds the attention module of layer i; a block below l answers with its cached
+output). When no such list exists, or a check at beta = 1 does not reproduce the loss exactly,
+every evaluation is a full forward. Everything reaches the softmaxes through one function
+registered with transformers' ``AttentionInterface`` (with the original mask function), and
+``tempered`` restores the model on exit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .. import vocab
+from .beta import attention_with_beta
+from .search import SearchResult, minimize_log_beta, quadratic_estimate
+
+_names = itertools.count()
+LM_SCAN = tuple(x / 2 for x in range(-6, 7))  # log beta -3 .. 3: the LM head's loss is cheap
+GROUP_EVALS = 12  # loss evaluations at most per search
+HEAD_MODES = ("estimate", "search", "off")
+Batch = tuple[torch.Tensor, torch.Tensor | None]
+
+
+class Tempered:
+    """The model under a per-layer, per-head beta. Use through ``tempered``."""
+
+    def __init__(self, model: torch.nn.Module, delegate: Callable | None):
+        self.model = model
+        self._delegate = delegate  # original attention function; None = the module's own eager
+        self.betas: dict[int, torch.Tensor] = {}  # layer -> (H,) beta; absent = untouched
+        self.log_betas: dict[int, torch.Tensor] | None = None  # set: fresh grad leaves per call
+        self.attention_modules: dict[int, torch.nn.Module] = {}
+        self.n_heads: dict[int, int] = {}
+        self._ids: dict[int, int] = {}
+
+    def _layer(self, module) -> int:
+        idx = getattr(module, "layer_idx", None)
+        if idx is None:
+            idx = self._ids.setdefault(id(module), len(self._ids))
+        return int(idx)
+
+    def _original(self, module, query, key, value, attention_mask, **kwargs):
+        if self._delegate is not None:
+            return self._delegate(module, query, key, value, attention_mask, **kwargs)
+        eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if eager is None:
+            raise ValueError(f"{type(module).__name__} has no eager_attention_forward to delegate to")
+        return eager(module, query, key, value, attention_mask, **kwargs)
+
+    def attention(self, module, query, key, value, attention_mask, **kwargs):
+        layer = self._layer(module)
+        self.attention_modules[layer] = module
+        self.n_heads[layer] = query.shape[1]
+        if self.log_betas is not None:
+            lb = torch.zeros(query.shape[1], dtype=query.dtype, device=query.device, requires_grad=True)
+            self.log_betas[layer] = lb
+            beta = torch.exp(lb)
+        else:
+            beta = self.betas.get(layer)
+        if beta is None:
+            return self._original(module, query, key, value, attention_mask, **kwargs)
+        return attention_with_beta(self._original, module, query, key, value, attention_mask,
+                                   beta.to(query.device), **kwargs)
+
+
+@contextmanager
+def tempered(model: torch.nn.Module) -> Iterator[Tempered]:
+    """Route every attention call of ``model`` through ``Tempered.attention``; restore on exit."""
+    original = model.config._attn_implementation or "eager"
+    delegate = None if original == "eager" else ALL_ATTENTION_FUNCTIONS[original]
+    state = Tempered(model, delegate)
+    name = f"peakprobe_beta_{next(_names)}"
+    AttentionInterface.register(name, state.attention)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+    try:
+        model.set_attn_implementation(name)
+        yield state
+    finally:
+        if model.config._attn_implementation == name:
+            model.set_attn_implementation(original)
+        AttentionInterface._global_mapping.pop(name, None)
+        AttentionMaskInterface._global_mapping.pop(name, None)
+        state.model = None
+
+
+def decoder_layers(model: torch.nn.Module, attention: dict[int, torch.nn.Module]) -> list | None:
+    """The ModuleList whose block i contains the attention module of layer i, or None."""
+    n = len(attention)
+    if n == 0 or sorted(attention) != list(range(n)):
+        return None
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == n:
+            if all(any(m is attention[i] for m in block.modules()) for i, block in enumerate(mod)):
+                return list(mod)
+    return None
+
+
+@contextmanager
+def _cached_below(layers: Sequence[torch.nn.Module], outputs: Sequence, stop: int) -> Iterator[None]:
+    """Blocks below ``stop`` answer with their cached outputs instead of computing them."""
+    saved = []
+    try:
+        for block, out in zip(layers[:stop], outputs[:stop], strict=True):
+            saved.append((block, block.__dict__.get("forward")))
+            block.forward = lambda *a, _out=out, **k: _out
+        yield
+    finally:
+        for block, previous in saved:
+            if previous is None:
+                del block.forward
+            else:
+                block.forward = previous
+
+
+def _targets(ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Next-token targets (B, T-1), -100 where the token or its successor is padding."""
+    tgt = ids[:, 1:].clone()
+    if mask is not None:
+        ok = mask[:, 1:].bool() & mask[:, :-1].bool()
+        tgt = torch.where(ok, tgt, torch.full_like(tgt, -100))
+    return tgt
+
+
+def _ce_sum(logits: torch.Tensor, tgt: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Sum over tokens of the cross-entropy of scale * logits (float64 accumulation)."""
+    total = torch.zeros((), dtype=torch.float64, device=logits.device)
+    for b in range(logits.shape[0]):  # one sequence at a time bounds the (T, V) temporaries
+        z = logits[b, :-1]
+        z = z.float() if z.dtype in (torch.float16, torch.bfloat16) else z  # (T-1, V)
+        if scale != 1.0:
+            z = z * scale
+        ce = torch.nn.functional.cross_entropy(z, tgt[b], ignore_index=-100, reduction="none")
+        total = total + ce.to(torch.float64).sum()
+    return total
+
+
+def _lm_closed_form(logits: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """LM head's d L / d log beta and d^2 L / d (log beta)^2 at beta = 1, token means."""
+    g = h = n = 0.0
+    for z_all, tgt_all in zip(logits, targets, strict=True):
+        for z, tgt in zip(z_all[:, :-1], tgt_all, strict=True):
+            ok = tgt >= 0
+            z = z[ok].to(torch.float64)  # (n, V)
+            p = torch.softmax(z, dim=-1)
+            mean = (p * z).sum(-1)
+            var = (p * z * z).sum(-1) - mean * mean
+            slope = mean - z.gather(-1, tgt[ok].unsqueeze(-1)).squeeze(-1)
+            g += slope.sum().item()
+            h += (slope + var).sum().item()
+            n += int(ok.sum())
+    return g / n, h / n
+
+
+class _Runner:
+    """Loss evaluations of the tempered model on fixed batches, with cached lower layers."""
+
+    def __init__(self, state: Tempered, batches: Sequence[Batch]):
+        self.state = state
+        self.model = state.model
+        device = next(self.model.parameters()).device
+        self.batches = [(i.to(device), None if m is None else m.to(device)) for i, m in batches]
+        self.targets = [_targets(i, m) for i, m in self.batches]
+        self.n_tokens = int(sum(int((t >= 0).sum()) for t in self.targets))
+        if self.n_tokens == 0:
+            raise ValueError("the attribution windows hold no next-token targets")
+        self.layers: list | None = None
+        self.outputs: list[list] = []  # per batch, per layer: the block's output at beta = 1
+        self.logits: list[torch.Tensor] = []  # per batch (B, T, V) at beta = 1
+        self.loss0 = float("nan")
+
+    def _forward(self, ids, mask):
+        return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    def gradients(self) -> dict[int, torch.Tensor]:
+        """d L / d log beta per layer, (H,) float64, by one backward pass per batch."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            p.requires_grad_(False)
+        total: dict[int, torch.Tensor] = {}
+        try:
+            with torch.enable_grad():
+                for (ids, mask), tgt in zip(self.batches, self.targets, strict=True):
+                    self.state.log_betas = {}
+                    loss = _ce_sum(self._forward(ids, mask), tgt)
+                    layers = sorted(self.state.log_betas)
+                    grads = torch.autograd.grad(
+                        loss, [self.state.log_betas[i] for i in layers], allow_unused=True
+                    )
+                    for i, g in zip(layers, grads, strict=True):
+                        lb = self.state.log_betas[i]
+                        g = torch.zeros_like(lb) if g is None else g
+                        g = g.detach().to(torch.float64).cpu()
+                        total[i] = total[i] + g if i in total else g
+        finally:
+            self.state.log_betas = None
+            for p in params:
+                p.requires_grad_(True)
+        return {i: g / self.n_tokens for i, g in total.items()}
+
+    @torch.no_grad()
+    def base(self) -> None:
+        """The beta = 1 pass: cache the logits and (when found) every decoder block's output."""
+        self.layers = decoder_layers(self.model, self.state.attention_modules)
+        total = 0.0
+        for ids, mask in self.batches:
+            outs: dict[int, object] = {}
+            handles = []
+            for i, block in enumerate(self.layers or []):
+                handles.append(block.register_forward_hook(
+                    lambda _m, _a, out, i=i, outs=outs: outs.__setitem__(i, out)))
+            try:
+                logits = self._forward(ids, mask)
+            finally:
+                for handle in handles:
+                    handle.remove()
+            self.logits.append(logits)
+            self.outputs.append([outs.get(i) for i in range(len(self.layers or []))])
+            total += _ce_sum(logits, self.targets[len(self.logits) - 1]).item()
+        self.loss0 = total / self.n_tokens
+        if self.layers is not None:  # the cache must reproduce the beta = 1 loss exactly
+            top = len(self.layers) - 1
+            if any(o is None for outs in self.outputs for o in outs) or self.loss({}, top) != self.loss0:
+                self.layers, self.outputs = None, []
+
+    @torch.no_grad()
+    def loss(self, betas: dict[int, torch.Tensor], start: int = 0) -> float:
+        """Mean next-token loss with ``betas`` (layer -> (H,)), re-running layers ``start``.. only."""
+        self.state.betas = betas
+        total = 0.0
+        try:
+            for b, (ids, mask) in enumerate(self.batches):
+                if self.layers is not None and start > 0:
+                    with _cached_below(self.layers, self.outputs[b], start):
+                        logits = self._forward(ids, mask)
+                else:
+                    logits = self._forward(ids, mask)
+                total += _ce_sum(logits, self.targets[b]).item()
+        finally:
+            self.state.betas = {}
+        return total / self.n_tokens
+
+    @torch.no_grad()
+    def lm_loss(self, x: float) -> float:
+        scale = float(torch.exp(torch.tensor(x, dtype=torch.float64)))
+        total = sum(_ce_sum(z, t, scale).item() for z, t in zip(self.logits, self.targets, strict=True))
+        return total / self.n_tokens
+
+
+def _beta_vector(n: int, x: float, head: int | None, like: torch.Tensor) -> torch.Tensor:
+    beta = torch.ones(n, dtype=like.dtype, device=like.device)  # (H,)
+    value = torch.exp(torch.tensor(x, dtype=torch.float64)).item()
+    if head is None:
+        return beta * value
+    beta[head] = value
+    return beta
+
+
+def _rows(kind: str, layer: int, head: int, r: SearchResult, n: int) -> list[tuple]:
+    values = {vocab.SENSITIVITY: r.slope, vocab.CURVATURE: r.curvature, vocab.GAIN: r.gain,
+              vocab.LOG_BETA_OPT: r.x}
+    return [(kind, layer, head, m, float(values[m]), n) for m in vocab.ATTRIBUTION_METRICS]
+
+
+def attribute(
+    model: torch.nn.Module,
+    batches: Sequence[Batch],
+    *,
+    heads: str = "estimate",
+    progress: bool = False,
+    desc: str = "attribution",
+) -> pd.DataFrame:
+    """Attribution metrics of every site over ``batches`` (tidy: site_kind, layer, head, metric,
+    value, n_rows; n_rows = next-token targets). ``heads``: "estimate", "search" or "off" (see
+    the module doc). The model is unchanged afterwards."""
+    if heads not in HEAD_MODES:
+        raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
+    was_training = model.training
+    model.eval()
+    try:
+        with tempered(model) as state:
+            run = _Runner(state, batches)
+            grads = run.gradients()
+            run.base()
+            return _attribution_rows(run, grads, heads=heads, progress=progress, desc=desc)
+    finally:
+        model.train(was_training)
+
+
+def _attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: str, progress: bool,
+                      desc: str) -> pd.DataFrame:
+    n, f0 = run.n_tokens, run.loss0
+    layers = sorted(grads)
+    like = run.logits[0]
+    n_sites = 2 + len(layers) + (sum(len(grads[i]) for i in layers) if heads != "off" else 0)
+    bar = tqdm(total=n_sites, desc=desc, leave=False, disable=not progress, unit="site")
+    rows: list[tuple] = []
+
+    # the loss's rounding noise: a search stops when a parabola promises less
+    ftol = 4 * torch.finfo(like.dtype).eps * abs(f0)
+    g_lm, h_lm = _lm_closed_form(run.logits, run.targets)
+    r = minimize_log_beta(run.lm_loss, f0, g_lm, ftol=ftol, scan=LM_SCAN)
+    rows += _rows(vocab.LM_HEAD, -1, -1, SearchResult(r.x, r.f, f0, g_lm, h_lm, r.n_evals, r.at_bound, False), n)
+    bar.update(1)
+
+    for layer in layers:
+        g = grads[layer]
+        n_h = len(g)
+        for head in range(n_h) if heads != "off" else ():
+            def f(x, layer=layer, head=head, n_h=n_h):
+                return run.loss({layer: _beta_vector(n_h, x, head, like)}, layer)
+            slope = float(g[head])
+            if heads == "search":
+                r = minimize_log_beta(f, f0, slope, ftol=ftol, max_evals=GROUP_EVALS)
+            else:
+                r = quadratic_estimate(f, f0, slope)
+            rows += _rows(vocab.ATTN, layer, head, r, n)
+            bar.update(1)
+        if heads == "off":
+            rows += [(vocab.ATTN, layer, h, vocab.SENSITIVITY, float(v), n) for h, v in enumerate(g.tolist())]
+
+        def f(x, layer=layer, n_h=n_h):
+            return run.loss({layer: _beta_vector(n_h, x, None, like)}, layer)
+        r = minimize_log_beta(f, f0, float(g.sum()), ftol=ftol, max_evals=GROUP_EVALS)
+        rows += _rows(vocab.ATTN_LAYER, layer, -1, r, n)
+        bar.update(1)
+
+    def f_all(x):
+        return run.loss({i: _beta_vector(len(grads[i]), x, None, like) for i in layers}, 0)
+    g_all = float(sum(grads[i].sum() for i in layers))
+    r = minimize_log_beta(f_all, f0, g_all, ftol=ftol, max_evals=GROUP_EVALS)
+    rows += _rows(vocab.ATTN_ALL, -1, -1, r, n)
+    bar.update(1)
+    bar.close()
+    frame = pd.DataFrame(rows, columns=["site_kind", "layer", "head", "metric", "value", "n_rows"])
+    return frame.sort_values(["site_kind", "layer", "head", "metric"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,250 @@
+"""``summary.md``: the summary.json object written as Markdown, for a terminal or a README.
+
+Owns: the Markdown rendering of every summary block (verdicts, exponents with band and window,
+gains, window scan, peakedness, integrity, top sites, sensitivity, provenance) and the few
+sentences the HTML page shares with it (head counts, a duplicated checkpoint). User text is
+written as code spans or escaped for table cells; nothing here reads files or the clock.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from peakprobe.vocab import site_label
+
+
+def _n(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def _md(text: Any) -> str:
+    """User text made safe inside a Markdown table cell or line."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: Any) -> str:
+    """User text (names, revisions, hashes) as a Markdown code span, so it renders literally."""
+    body = str(text).replace("\n", " ")
+    fence = "`"
+    while fence in body:
+        fence += "`"
+    pad = " " if body.startswith("`") or body.endswith("`") else ""
+    return f"{fence}{pad}{body}{pad}{fence}"
+
+
+def _ci(e: dict) -> str:
+    return f"{_n(e['alpha'])} [{_n(e['alpha_lo'])}, {_n(e['alpha_hi'])}]"
+
+
+def _window(e: dict) -> str:
+    pts = f", {e['n_points']} pts" if e.get("n_points") is not None else ""
+    return f"{_n(e['t_min'])}–{_n(e['t_max'])}{pts}"
+
+
+def _label(t: dict) -> str:
+    return site_label(
+        t["site_kind"],
+        t["layer"] if t["layer"] is not None else -1,
+        t["head"] if t["head"] is not None else -1,
+    )
+
+
+def dup_text(d: dict, code: Any = str) -> str:
+    """One duplicated checkpoint in words (``code`` formats revision names)."""
+    text = code(d["revision"])
+    if d["same_as"]:
+        text += " has the same weights as " + ", ".join(code(x) for x in d["same_as"])
+    if d["whole"] is False:
+        text += f" (partly: {', '.join(d['files'])})"
+    if d["excluded"]:
+        text += " — excluded from the fits"
+    else:
+        text += " — NOT excluded by this fit (re-run `peakprobe fit`)"
+    return text
+
+
+def _pct(x: Any) -> str:
+    return "—" if x is None else f"{100 * x:.3g}%"
+
+
+def _yes(x: Any) -> str:
+    return {True: "yes", False: "no"}.get(x, "—")
+
+
+def heads_line(b: dict) -> str:
+    """The head counts of the bottleneck block, in words (parts fit did not write are left out)."""
+    parts = []
+    if b["n_heads"] is not None:
+        parts.append(f"{_n(b['n_peaked'])} of {_n(b['n_heads'])} attention heads peaked")
+    parts.append(
+        f"{_n(b['n_concentrating'])} concentrating, {_n(b['n_saturated'])} saturated, "
+        f"{_n(b['n_diffuse'])} diffuse"
+    )
+    if b["n_share_significant"] is not None and any(k["share"] is not None for k in b["kinds"]):
+        parts.append(
+            f"{_n(b['n_share_significant'])} sites with a gain share significantly above "
+            f"{_pct(b['share_min'])} (Benjamini-Hochberg, FDR {_n(b['fdr'])})"
+        )
+    return "; ".join(parts) + "."
+
+
+def summary_markdown(s: dict) -> str:
+    """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
+    band = f"[{_n(s['band'][0])}, {_n(s['band'][1])}]"
+    lines = [f"# peakprobe report: {_code(s['model'])}", ""]
+    p = s["peakedness"]
+    if p["any_peaked"] is False:
+        lines += [f"> **No softmax is peaked.** {p['statement']}", ""]
+    loss = s["loss"]
+    if loss is None:
+        lines.append("- **Loss law:** no loss fit in this run.")
+    else:
+        lines.append(
+            f"- **Loss law:** L = L0 + c·t^-α with α = {_ci(loss)} "
+            f"({s['ci_level']:.0%} CI), L0 = {_n(loss['L0'])}, window {s['time_axis']} "
+            f"{_window(loss)}; **{loss['verdict']}** against 1/3 (band {band}): "
+            f"{loss['verdict_text']}."
+        )
+    b = s["bottleneck"]
+    line = f"- **Bottleneck:** {_md(b['verdict'] or 'undetermined')}"
+    if b["share"] is not None:
+        line += f" (its gain is {_pct(b['share'])} [{_pct(b['share_lo'])}, {_pct(b['share_hi'])}] of L − L0)"
+    if b["reason"]:
+        line += f" — {_md(b['reason'])}"
+    lines.append(line)
+    for e in b["exponents"]:
+        lines.append(f"  - {e['label']} {e['quantity']}: α = {_ci(e)}, {e['verdict']}")
+    lines.append(f"- **Heads:** {heads_line(b)}")
+    if s["flags"]:
+        lines.append(f"- **Flags:** {_md(', '.join(s['flags']))}")
+    lines.append("")
+    if s["exponents"]:
+        lines += [
+            "## Exponents against 1/3",
+            "",
+            f"Band {band}; window in {s['time_axis']}.",
+            "",
+            "| site | quantity | α [CI] | verdict | window |",
+            "|---|---|---|---|---|",
+        ]
+        for e in s["exponents"]:
+            lines.append(
+                f"| {e['label']} | {e['quantity']} | {_ci(e)} | {e['verdict']} | {_window(e)} |"
+            )
+        lines.append("")
+    lines += ["## Loss contribution G per softmax", ""]
+    if not s["gains"]["measured"]:
+        lines += ["Not measured in this run (the sweep ran without gains).", ""]
+    else:
+        lines += [
+            "| site | final G | share of L − L0 [CI] | decay α [CI] | verdict | window |",
+            "|---|---|---|---|---|---|",
+        ]
+        for g in s["gains"]["sites"]:
+            share = f"{_pct(g['share'])} [{_pct(g['share_lo'])}, {_pct(g['share_hi'])}]"
+            window = _window(g) if g["t_min"] is not None else "—"
+            lines.append(
+                f"| {g['label']} | {_n(g['final_gain'])} | {share} | {_ci(g)} | {g['verdict'] or '—'} | {window} |"
+            )
+        lines.append("")
+    lines += ["## Window scan α(t_min)", ""]
+    if not s["window_scan"]["measured"]:
+        lines += ["Not measured (fits.json has no window scan).", ""]
+    else:
+        if s["window_scan"]["drift"]:
+            lines += ["**The exponent drifts with the window start** (two starts give disjoint intervals).", ""]
+        lines += ["| quantity | t_min | t_max | α [CI] | verdict |", "|---|---|---|---|---|"]
+        for r in s["window_scan"]["rows"]:
+            lines.append(
+                f"| {_md(r['quantity'])} | {_n(r['t_min'])} | {_n(r['t_max'])} | {_ci(r)} | {r['verdict']} |"
+            )
+        lines.append("")
+    lines += ["## Peakedness", "", _md(p["statement"]), ""]
+    if p["criteria"]:
+        lines += ["| criterion | attention heads peaked | LM head |", "|---|---|---|"]
+        for c in p["criteria"]:
+            heads = f"{c['n_attn_peaked']} of {c['n_attn']}" if c["measured"] else "not measured"
+            lines.append(f"| {c['label']} | {heads} | {_n(c['lm_head'])} |")
+        lines.append("")
+    ck = s["checkpoints"]
+    lines += ["## Checkpoint integrity", ""]
+    if ck["duplicates"]:
+        lines.append(f"Duplicated checkpoints ({len(ck['duplicates'])}):")
+        for d in ck["duplicates"]:
+            lines.append(f"- {dup_text(d, _code)}")
+    else:
+        lines.append(
+            "No duplicated checkpoint found."
+            if ck["integrity_checked"]
+            else "Duplicated checkpoints: not checked (no integrity.json)."
+        )
+    if ck["spikes"]:
+        lines.append(f"Loss spikes flagged by the fit, still fitted ({len(ck['spikes'])}):")
+        for d in ck["spikes"]:
+            lines.append(f"- {_code(d['revision'])}: loss {_n(d['loss'])}, jump {_n(d['jump'])}")
+    else:
+        lines.append("No spike-flagged checkpoint.")
+    lines.append("")
+    if b["kinds"]:
+        lines += [
+            "## Evidence per kind",
+            "",
+            "| kind | peaked | share of L − L0 [CI] | q | gain decay α [CI] | verdict | logit_std growth α [CI] | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for k in b["kinds"]:
+            lines.append(
+                f"| {k['label']} | {_yes(k['peaked'])} | {_pct(k['share'])} [{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] "
+                f"| {_n(k['q_share'])} | {_n(k['alpha_gain'])} [{_n(k['alpha_gain_lo'])}, {_n(k['alpha_gain_hi'])}] "
+                f"| {k['gain_verdict'] or '—'} | {_n(k['alpha_growth'])} [{_n(k['alpha_growth_lo'])}, {_n(k['alpha_growth_hi'])}] "
+                f"| {k['growth_verdict'] or '—'} |"
+            )
+        lines.append("")
+    if b["top_sites"]:
+        lines += [
+            "## Top sites",
+            "",
+            "| site | peaked | share [CI] | gain α | verdict | class | sensitivity |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for t in b["top_sites"]:
+            lines.append(
+                f"| {_label(t)} | {_yes(t['peaked'])} | {_pct(t['share'])} [{_pct(t['share_lo'])}, {_pct(t['share_hi'])}] "
+                f"| {_n(t['alpha_gain'])} | {t['gain_verdict'] or '—'} | {t['site_class'] or '—'} | {_n(t['sensitivity'])} |"
+            )
+        lines.append("")
+    sens = s["sensitivity"]
+    lines.append("## Sensitivity ranking")
+    lines.append("")
+    if not sens["measured"]:
+        lines += ["Not measured in this run (the sweep ran without sensitivity).", ""]
+    else:
+        lines += [
+            "Most negative d loss / d log β first.",
+            "",
+            "| site | d loss / d log β | α | class |",
+            "|---|---|---|---|",
+        ]
+        for t in sens["top"]:
+            lines.append(
+                f"| {_label(t)} | {_n(t['sensitivity'])} | {_n(t['alpha'])} | {t['site_class'] or '—'} |"
+            )
+        lines.append("")
+    c, d = s["checkpoints"], s["data"]
+    lines += [
+        "## Provenance",
+        "",
+        f"- model: {_code(s['model'])} (source: {_code(s['source'])})",
+        f"- checkpoints: {c['n']} finished of {c['n_planned']} planned ({c['n_failed']} failed), "
+        f"{_code(c['first_revision'])} … {_code(c['last_revision'])}; time axis {s['time_axis']}",
+        f"- data: {_code(d['spec'])}, {_n(d['n_windows'])} windows × {_n(d['window'])} tokens, {_code(d['token_hash'])}",
+        "- versions: "
+        + ", ".join(f"{_md(k)} {_code(v)}" for k, v in sorted(s["versions"].items())),
+        "",
+    ]
+    return "\n".join(lines)

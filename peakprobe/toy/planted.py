@@ -1,0 +1,342 @@
+"""Planted bottlenecks: tiny GPT-NeoX checkpoint sequences whose bottleneck softmax is known.
+
+Two synthetic tasks over ``n_tokens`` word tokens ``w0 .. w{n-1}`` (plus ``<unk>``, id 0, which
+never occurs), each trained as a checkpoint sequence like ``peakprobe.toy.tiny_lm`` writes:
+
+* ``lm_head`` (successor chain): ``x[t+1] = f(x[t])`` with ``f`` a fixed random permutation of
+  the tokens that is one single cycle; every sequence starts at a uniform random token. The next
+  token is a fixed function of the current one, so attention is not needed, and the target is a
+  one-hot: the LM head must keep sharpening toward a peaked distribution.
+* ``attention`` (noisy lag copy): ``x[t] = x[t - lag]`` with probability ``1 - noise``, otherwise
+  a fresh uniform token (``x[t]`` uniform for ``t < lag``). Predicting ``x[t+1]`` needs one head
+  to attend to the single key ``lag - 1`` positions back (a positional cue; rotary on every
+  head dimension makes that expressible); the Bayes-optimal next-token distribution then puts
+  ``1 - noise + noise / n`` on the copied token and ``noise / n`` on each other one, whose
+  logit std is about ``ln(n (1 - noise) / noise + 1) / sqrt(n)``, far below ``sqrt(2 ln n)``.
+
+``train_planted(out_dir, config)`` writes
+
+```
+OUT/
+  step0/ ... step<steps>/   # save_pretrained (safetensors) + the word-level tokenizer
+  schedule.json             # warmup + cosine, as tiny_lm, so tau is known
+  train_log.json            # loss and learning rate of every update
+  planted.json              # config + hash; written last, marks the run complete
+```
+
+``write_eval_jsonl(path, config)`` writes held-out sequences, one JSON line of ``seq_len``
+space-separated words each. The tokenizer has no eos token, so ``peakprobe.data`` concatenates
+the documents without separators and windows of ``--window seq_len`` are exactly the sequences.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from peakprobe.results import read_json, write_json
+from peakprobe.toy.tiny_lm import TinyLMConfig, learning_rate, model_config
+from peakprobe.vocab import BOTTLENECK_ATTENTION, BOTTLENECK_LM_HEAD
+
+LM_HEAD_TASK = "lm_head"
+ATTENTION_TASK = "attention"
+TASKS: tuple[str, ...] = (LM_HEAD_TASK, ATTENTION_TASK)
+UNK = "<unk>"
+MARKER = "planted.json"
+SCHEDULE = "schedule.json"
+TRAIN_LOG = "train_log.json"
+EVAL_FILE = "eval.jsonl"
+PLANTED_FORMAT = 1  # bump when a change here changes the trained weights
+_EVAL_STREAM = 1_000_003  # the eval sequences' seed offset, disjoint from every training batch
+
+
+class PlantedError(ValueError):
+    """A planted-task config or output folder that cannot be used."""
+
+
+ATTENTION_TOKENS = 31  # <= head_dim: one head's value/output path can copy every token exactly
+
+
+def _default_model(task: str = LM_HEAD_TASK) -> TinyLMConfig:
+    """The tiny GPT-NeoX and schedule of each task (2 layers, 64 wide, rotary on 1/4 as Pythia)."""
+    common = dict(n_layers=2, hidden=64, intermediate=256, rotary_pct=0.25, seq_len=64,
+                  batch_size=16, warmup_steps=20, final_lr_ratio=0.1, weight_decay=0.0,
+                  n_checkpoints=32)
+    if task == ATTENTION_TASK:
+        return TinyLMConfig(n_heads=2, steps=800, lr_max=3e-3, **common)
+    # the successor chain is learned fast: a lower rate and a short run keep the loss above
+    # float32 resolution (it decays exponentially once the map is learned)
+    return TinyLMConfig(n_heads=4, steps=500, lr_max=1e-3, **common)
+
+
+@dataclass(frozen=True)
+class PlantedConfig:
+    """One planted run: the task and its parameters, and the model/schedule (a TinyLMConfig)."""
+
+    task: str = LM_HEAD_TASK
+    n_tokens: int = 127
+    lag: int = 4
+    noise: float = 0.5
+    task_seed: int = 0  # picks the successor permutation
+    model: TinyLMConfig = field(default_factory=_default_model)
+
+    @classmethod
+    def for_task(cls, task: str) -> PlantedConfig:
+        """The documented run of ``task`` (docs/planted.md)."""
+        if task == ATTENTION_TASK:
+            return cls(task=task, n_tokens=ATTENTION_TOKENS, model=_default_model(ATTENTION_TASK))
+        return cls(task=task, model=_default_model(task))
+
+    @classmethod
+    def quick(cls, task: str = LM_HEAD_TASK) -> PlantedConfig:
+        """A run for smoke tests: a few seconds, 10 checkpoints."""
+        cfg = cls.for_task(task)
+        return replace(cfg, model=replace(cfg.model, steps=60, n_checkpoints=10, warmup_steps=5))
+
+    @property
+    def seq_len(self) -> int:
+        return self.model.seq_len
+
+    def validate(self) -> None:
+        """Raise PlantedError on a config that cannot train."""
+        if self.task not in TASKS:
+            raise PlantedError(f"unknown planted task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.n_tokens < 2:
+            raise PlantedError(f"n_tokens must be >= 2, got {self.n_tokens}")
+        if self.task == LM_HEAD_TASK and self.n_tokens <= self.seq_len:
+            # shorter cycles would repeat inside a window and let attention copy the answer
+            raise PlantedError(f"lm_head task: n_tokens ({self.n_tokens}) must exceed seq_len ({self.seq_len})")
+        if self.task == ATTENTION_TASK:
+            if not 2 <= self.lag < self.seq_len:
+                raise PlantedError(f"lag must be in [2, seq_len={self.seq_len}), got {self.lag}")
+            if not 0 <= self.noise < 1:
+                raise PlantedError(f"noise must be in [0, 1), got {self.noise}")
+        try:
+            self.model.validate()
+        except ValueError as err:
+            raise PlantedError(str(err)) from None
+
+    def config_hash(self) -> str:
+        text = json.dumps({"planted_format": PLANTED_FORMAT, **asdict(self)}, sort_keys=True)
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+# -- the tasks -----------------------------------------------------------------------------------
+
+
+def successor_map(n_tokens: int, seed: int) -> np.ndarray:
+    """A random permutation ``f`` of ``range(n_tokens)`` that is one single cycle: (n,) int64."""
+    order = np.random.default_rng([seed, 7]).permutation(n_tokens)
+    succ = np.empty(n_tokens, dtype=np.int64)
+    succ[order] = np.roll(order, -1)  # f(order[i]) = order[i + 1]
+    return succ
+
+
+def generate(config: PlantedConfig, n_seqs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``n_seqs`` task sequences: token indices (N, T) in ``[0, n_tokens)`` and a bool (N, T)
+    mask, True where the token is determined by the planted rule (successor of the previous
+    token, or a copy of the token ``lag`` back)."""
+    n, t = config.n_tokens, config.seq_len
+    if config.task == LM_HEAD_TASK:
+        succ = successor_map(n, config.task_seed)
+        x = np.empty((n_seqs, t), dtype=np.int64)  # (N, T)
+        x[:, 0] = rng.integers(n, size=n_seqs)
+        for j in range(1, t):
+            x[:, j] = succ[x[:, j - 1]]
+        ruled = np.ones((n_seqs, t), dtype=bool)
+        ruled[:, 0] = False
+        return x, ruled
+    x = rng.integers(n, size=(n_seqs, t))  # (N, T) fresh tokens
+    ruled = rng.random((n_seqs, t)) >= config.noise  # (N, T)
+    ruled[:, : config.lag] = False
+    for j in range(config.lag, t):  # in order: the source may itself be a copy
+        x[:, j] = np.where(ruled[:, j], x[:, j - config.lag], x[:, j])
+    return x, ruled
+
+
+def words(config: PlantedConfig) -> list[str]:
+    """The task tokens' words, ``w0 .. w{n-1}``; token index ``i`` has tokenizer id ``i + 1``."""
+    return [f"w{i}" for i in range(config.n_tokens)]
+
+
+def build_tokenizer(config: PlantedConfig, model_max_length: int = 2048):
+    """A word-level tokenizer over ``<unk>`` + the task words, with no bos/eos/pad tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {UNK: 0, **{w: i + 1 for i, w in enumerate(words(config))}}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token=UNK, model_max_length=model_max_length)
+
+
+def eval_sequences(config: PlantedConfig, n_seqs: int) -> np.ndarray:
+    """The held-out evaluation sequences (token indices, (N, T)); the same for every call."""
+    x, _ = generate(config, n_seqs, np.random.default_rng([config.model.seed, _EVAL_STREAM]))
+    return x
+
+
+def write_eval_jsonl(path: str | os.PathLike, config: PlantedConfig, n_seqs: int = 64) -> Path:
+    """Write ``n_seqs`` held-out sequences as JSON lines ``{"text": "w3 w17 ..."}``."""
+    vocab = words(config)
+    path = Path(path)
+    lines = [json.dumps({"text": " ".join(vocab[i] for i in row)}) for row in eval_sequences(config, n_seqs)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def bayes_loss(config: PlantedConfig) -> float:
+    """The lowest achievable mean next-token loss (nats) over the T - 1 predicted positions."""
+    n, t = config.n_tokens, config.seq_len
+    if config.task == LM_HEAD_TASK:
+        return 0.0
+    hit = 1 - config.noise + config.noise / n
+    mixed = -(hit * np.log(hit) + (n - 1) * (config.noise / n) * np.log(config.noise / n))
+    unpredictable = config.lag - 1  # targets x[1 .. lag-1] have no source in the window
+    return float((unpredictable * np.log(n) + (t - 1 - unpredictable) * mixed) / (t - 1))
+
+
+# -- training ------------------------------------------------------------------------------------
+
+
+def _save_checkpoint(model, tokenizer, out_dir: Path, step: int) -> None:
+    """Write ``step<step>/`` atomically: save into a temporary folder, then rename it."""
+    final = out_dir / f"step{step}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".step{step}.", suffix=".tmp", dir=out_dir))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def is_complete(out_dir: str | os.PathLike, config: PlantedConfig) -> bool:
+    """True when ``out_dir`` holds a finished run of exactly ``config``."""
+    out = Path(out_dir)
+    try:
+        record = read_json(out / MARKER)
+    except (OSError, json.JSONDecodeError):
+        return False
+    if record.get("config_hash") != config.config_hash():
+        return False
+    return all((out / f"step{s}" / "model.safetensors").exists() for s in config.model.checkpoint_steps())
+
+
+def train_planted(
+    out_dir: str | os.PathLike,
+    config: PlantedConfig | None = None,
+    *,
+    progress: bool = True,
+    overwrite: bool = False,
+    threads: int | None = 1,
+) -> Path:
+    """Train (or reuse) a planted run in ``out_dir``; return ``out_dir`` as a Path.
+
+    A finished run of the same config is reused; one of another config raises PlantedError
+    unless ``overwrite``. ``threads`` sets torch's intra-op threads for the training (None keeps
+    torch's default); the training is seeded and runs on CPU, so it is deterministic.
+    """
+    import torch
+
+    config = config or PlantedConfig()
+    config.validate()
+    out = Path(out_dir)
+    if is_complete(out, config):
+        return out
+    if out.exists() and not out.is_dir():
+        raise PlantedError(f"{out} exists and is not a folder; choose another output folder")
+    if (out / MARKER).exists() and not overwrite:
+        raise PlantedError(f"{out} holds a planted run with a different config; use another folder or overwrite")
+    if threads is not None and threads < 1:
+        raise PlantedError(f"threads must be >= 1, got {threads}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).unlink(missing_ok=True)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        _train(out, config, progress)
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def _train(out: Path, config: PlantedConfig, progress: bool) -> None:
+    """Run the training loop with transformers' own saving progress bars off (ours shows the work)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        _train_loop(out, config, progress)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _train_loop(out: Path, config: PlantedConfig, progress: bool) -> None:
+    """The training loop: a fresh seeded batch per update, Adam, warmup + cosine, log-spaced saves."""
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import GPTNeoXForCausalLM
+
+    started = time.perf_counter()
+    cfg = config.model
+    tokenizer = build_tokenizer(config, model_max_length=max(2048, cfg.seq_len))
+    torch.manual_seed(cfg.seed)
+    model = GPTNeoXForCausalLM(model_config(cfg, tokenizer))
+    model.set_attn_implementation("sdpa")
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr_max, betas=cfg.betas, eps=1e-8,
+                                  weight_decay=cfg.weight_decay)
+    save_steps = set(cfg.checkpoint_steps())
+    write_json(out / SCHEDULE, cfg.schedule())
+    if 0 in save_steps:
+        _save_checkpoint(model, tokenizer, out, 0)
+    losses: list[float] = []
+    lrs: list[float] = []
+    bar = tqdm(range(1, cfg.steps + 1), desc=f"planted {config.task}", unit="step", disable=not progress)
+    for step in bar:
+        lr = learning_rate(step - 0.5, cfg)  # midpoint rule, as tiny_lm: sum lr/lr_max = tau
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, _ = generate(config, cfg.batch_size, np.random.default_rng([cfg.seed, step]))
+        batch = torch.from_numpy(x + 1)  # (B, T) tokenizer ids
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        lrs.append(lr)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        if step in save_steps:
+            _save_checkpoint(model, tokenizer, out, step)
+    bar.close()
+    write_json(out / TRAIN_LOG, {
+        "format": 1, "step": list(range(1, cfg.steps + 1)), "loss": losses, "lr": lrs,
+        "seconds": time.perf_counter() - started, "tokens_per_step": cfg.batch_size * cfg.seq_len,
+        "bayes_loss": bayes_loss(config),
+    })
+    write_json(out / MARKER, {
+        "format": 1, "config": asdict(config), "config_hash": config.config_hash(),
+        "checkpoint_steps": sorted(save_steps), "planted_site": planted_site(config),
+        "torch": torch.__version__,
+    })
+
+
+def planted_site(config: PlantedConfig) -> str:
+    """The softmax kind that is the bottleneck by construction: ``lm_head`` or ``attention``."""
+    return BOTTLENECK_LM_HEAD if config.task == LM_HEAD_TASK else BOTTLENECK_ATTENTION

@@ -1,0 +1,122 @@
+"""The package's imports run down the flow of docs/architecture.md and form no cycle.
+
+Every ``import`` / ``from ... import`` statement of every module (module level, inside
+functions, and under ``TYPE_CHECKING`` alike) is read from the source with ``ast``; an import
+of a peakprobe module is an edge. Each unit (a subpackage or a top-level module) may import only
+the units listed for it in ALLOWED, and the module graph must be acyclic.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "peakprobe"
+
+_BASE = {"vocab", "version"}
+_MEASURE = _BASE | {"probes", "hooks", "checkpoints_index", "corpus", "data", "results"}
+#: unit -> the units it may import (besides itself), following docs/architecture.md
+ALLOWED: dict[str, set[str]] = {
+    "vocab": set(),
+    "version": set(),
+    "probes": {"vocab"},
+    "hooks": {"vocab", "probes"},
+    "checkpoints_index": {"vocab"},
+    "corpus": {"vocab"},
+    "data": {"vocab", "corpus"},
+    "results": _BASE,
+    "sweep": _MEASURE,
+    "fits": _BASE | {"results", "checkpoints_index"},
+    "reports": _BASE | {"results", "fits", "checkpoints_index"},
+    "toy": _BASE | {"results", "fits", "corpus"},
+    "integrations": _MEASURE | {"sweep"},
+}
+#: the entry points may import everything
+TOP = {"api", "cli", "probe_one", "__main__", "__init__"}
+#: torch-free units: they must not import torch, even lazily
+TORCH_FREE = {"vocab", "version", "checkpoints_index", "results", "fits", "reports"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _imports(module: str, path: Path) -> list[str]:
+    """Every peakprobe module (or package) that ``module`` imports, and every other top-level
+    package it imports (e.g. ``torch``)."""
+    is_package = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:  # `from pkg import submodule` imports the submodule
+                sub = f"{target}.{alias.name}"
+                out.append(sub if sub in MODULES else target)
+    return out
+
+
+GRAPH = {m: [t for t in _imports(m, p) if t in MODULES and t != m] for m, p in MODULES.items()}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_follow_the_flow(module):
+    unit = _unit(module)
+    if unit in TOP:
+        return
+    assert unit in ALLOWED, f"{module}: unit {unit!r} is not in docs/architecture.md's table"
+    bad = sorted({t for t in GRAPH[module] if _unit(t) not in ALLOWED[unit] | {unit}})
+    assert not bad, f"{module} imports {bad}, against the flow (allowed: {sorted(ALLOWED[unit])})"
+    if unit in TORCH_FREE:
+        heavy = [t for t in _imports(module, MODULES[module]) if t.split(".")[0] == "torch"]
+        assert not heavy, f"{module} must stay torch-free, imports {heavy}"
+
+
+def test_there_is_no_import_cycle():
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in GRAPH[m]:
+            if state.get(t) == 1:
+                cycle = stack[stack.index(t):] + [t]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+
+
+def test_the_walker_sees_a_planted_upward_import(tmp_path):
+    """The check can fail: an upward import planted in a copy of a module is found."""
+    fake = tmp_path / "peakprobe" / "probes" / "planted.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("from ..hooks import attach\nfrom . import rows\n")
+    found = _imports("peakprobe.probes.planted", fake)
+    assert "peakprobe.hooks" in found and "peakprobe.probes.rows" in found
+    assert _unit("peakprobe.hooks") not in ALLOWED["probes"]
