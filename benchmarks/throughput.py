@@ -5,10 +5,10 @@ Shape of the CPU anchor: a 6-layer, 256-wide, 8-head GPT-NeoX (vocab 1024), floa
 (so a slow spell of a shared machine hits all of them), and each variant's time is the median
 over the rounds. Variants: the plain sdpa forward (the baseline), the probed forward
 (statistics of every head and the LM head) at each chunk size given, the fused probed forward
-(attention output from the probe's own scores), and optionally the sensitivity backward pass.
+(attention output from the probe's own scores).
 
     python benchmarks/throughput.py [--repeats 5] [--chunks 32 64 128] [--fused-chunk 64]
-                                    [--threads 2] [--sensitivity]
+                                    [--threads 2] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sensitivity", action="store_true", help="also time the backward pass")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time by process CPU seconds instead of wall seconds (steadier on a "
                         "shared machine; with one thread only, as threads' waits count too)")
@@ -60,9 +59,6 @@ def main(argv: list[str] | None = None) -> int:
                  for c in args.chunks]
     variants += [(f"probed fused, chunk {c}", probed(ProbeConfig(chunk=c, backend="torch", fused=True)))
                  for c in args.fused_chunk]
-    if args.sensitivity:
-        variants.append(("probed + sensitivity backward",
-                         probed(ProbeConfig(chunk=args.chunks[0], sensitivity=True, backend="torch"))))
     times: dict[str, list[float]] = {name: [] for name, _ in variants}
     for _, fn in variants:
         fn()  # warm-up
