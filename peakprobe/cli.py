@@ -91,6 +91,8 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                    help="single heads' gains: the local quadratic estimate (default, one loss "
                    "evaluation a head), the exact search (about six), or off (sensitivity only)")
     m.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
+    m.add_argument("--fused-attention", action="store_true",
+                   help="attention outputs from the probe's own scores (faster; not bit-identical)")
     m.add_argument("--no-prefetch", action="store_true", help="do not load the next checkpoint ahead")
     p.add_argument("--processes", type=int, default=1, help="split checkpoints over N local processes")
     p.add_argument("--shard", metavar="K/N",
@@ -273,6 +275,7 @@ def _sweep_kwargs(args, command: str) -> dict:
                         sensitivity=not args.no_sensitivity, backend=args.backend,
                         attribution_windows=args.attribution_windows,
                         attribution_heads=args.head_gains)
+    probe.fused = bool(getattr(args, "fused_attention", False))
     config = SweepConfig(
         batch_size=args.batch_size, dtype=args.dtype, device=args.device, device_map=args.device_map,
         allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,

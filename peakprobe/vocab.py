@@ -61,6 +61,16 @@ XSINK_SUFFIX = "_xsink"
 SINK_PROB = "sink_prob"
 ATTN_METRICS: tuple[str, ...] = COMMON_METRICS + ATTN_EXTRA
 LM_METRICS: tuple[str, ...] = COMMON_METRICS + LM_EXTRA
+#: every site also reports peakedness by entropy (rows with n >= 2 options)
+ENTROPY_PEAKED_METRICS: tuple[str, ...] = (BETA_EFF, PEAKED_ENTROPY)
+#: attention sites also report these with the first visible key left out (rows with >= 2 others)
+XSINK_METRICS: tuple[str, ...] = tuple(
+    name + XSINK_SUFFIX
+    for name in ("entropy", "max_prob", "logit_std", "peaked", BETA_EFF, PEAKED_ENTROPY)
+)
+#: everything the probes write per site (attention sites of models with learned sinks add SINK_PROB)
+ATTN_PROBE_METRICS: tuple[str, ...] = ATTN_METRICS + ENTROPY_PEAKED_METRICS + XSINK_METRICS
+LM_PROBE_METRICS: tuple[str, ...] = LM_METRICS + ENTROPY_PEAKED_METRICS
 
 # -- attribution metrics (per site, from an inverse temperature beta on that site's logits) ----------
 #: d loss / d log beta at beta = 1

@@ -6,6 +6,11 @@ and the eager mask applied by the model itself; eager softmaxes in float32, so i
 cannot serve). Every statistic is then recomputed row by row in numpy, with the visible keys
 stated independently (causal, padding, sliding window). The probed model runs its default
 (sdpa or eager) path, with a left-padded batch.
+
+Besides the seven architectures of ``conftest.ARCHS`` a tiny gpt-oss checks the learned sink
+logit: its eager softmax sees the scores with the sink appended as a last column. The
+entropy-equivalent beta_eff is checked against an independent inversion (scipy's brentq on a
+numpy re-implementation of the tabulated curve).
 """
 
 from __future__ import annotations
@@ -15,11 +20,69 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import ARCHS, left_padded_batch, tiny_config, tiny_model
+from conftest import ARCHS, VOCAB, left_padded_batch
+from conftest import tiny_config as _tiny_config
+from conftest import tiny_model as _tiny_model
+from scipy.optimize import brentq
+from scipy.special import entr
+from transformers import AutoModelForCausalLM, GptOssConfig
 
+from peakprobe import vocab
 from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.probes._entropy_curve import B_GRID, H_TABLE, N_GRID
 
 REL = 1e-9
+ALL_ARCHS = ARCHS + ["gpt_oss"]
+
+
+def tiny_config(arch: str):
+    if arch != "gpt_oss":
+        return _tiny_config(arch)
+    return GptOssConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+
+
+def tiny_model(arch: str, *, attn: str | None = None):
+    if arch != "gpt_oss":
+        return _tiny_model(arch, attn=attn)
+    torch.manual_seed(0)
+    kwargs = {"dtype": torch.float64, "experts_implementation": "eager"}  # float64 experts
+    if attn is not None:
+        kwargs["attn_implementation"] = attn
+    model = AutoModelForCausalLM.from_config(tiny_config(arch), **kwargs)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ("q_proj" in name or "k_proj" in name) and p.dim() == 2:
+                p.mul_(25.0)
+            if name.endswith("sinks"):  # sinks that take real probability, some heads more
+                p.copy_(torch.linspace(-2.0, 6.0, p.numel(), dtype=p.dtype))
+    return model.eval()
+
+
+def _curve(beta: float, n: int) -> float:
+    """The tabulated E[H](beta, n): linear in log n between rows, linear in b = beta/sqrt(2 ln n)."""
+    ln = np.log(np.asarray(N_GRID, dtype=float))
+    x = min(max(math.log(n), ln[0]), ln[-1])
+    i = min(max(int(np.searchsorted(ln, x, side="right")), 1), len(ln) - 1)
+    w = (x - ln[i - 1]) / (ln[i] - ln[i - 1])
+    row = (1 - w) * np.asarray(H_TABLE[i - 1]) + w * np.asarray(H_TABLE[i])
+    b = min(beta / math.sqrt(2 * math.log(n)), B_GRID[-1])
+    return float(np.interp(b, B_GRID, row)) * math.log(n)
+
+
+def _beta_eff(entropy: float, n: int) -> float:
+    c0 = math.sqrt(2 * math.log(n))
+    top = B_GRID[-1] * c0
+    if entropy >= _curve(0.0, n):
+        return 0.0
+    if entropy <= _curve(top, n):
+        return top
+    return brentq(lambda b: _curve(b, n) - entropy, 0.0, top, xtol=1e-14, rtol=1e-15)
 
 
 def _eager_scores(arch: str, ids: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
@@ -43,12 +106,19 @@ def _eager_scores(arch: str, ids: torch.Tensor, mask: torch.Tensor) -> list[np.n
     return captured
 
 
-def _row_stats(z: np.ndarray, p_first: bool) -> dict[str, float]:
-    zs = z - z.max()
-    p = np.exp(zs) / np.exp(zs).sum()
-    n = z.size
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _row_stats(z: np.ndarray, p_first: bool, sink: float | None = None) -> dict[str, float]:
+    """Every statistic of one row of logits z; ``sink``: a learned sink logit, one more softmax
+    option (in the probabilities, not in the logit statistics)."""
+    options = z if sink is None else np.append(z, sink)
+    p = _softmax(options)
+    n, n_opt = z.size, options.size
     srt = np.sort(z)[::-1]
-    entropy = float(-(p * np.log(p)).sum())
+    entropy = float(entr(p).sum())
     vals = {
         "entropy": entropy,
         "max_prob": float(p.max()),
@@ -58,9 +128,24 @@ def _row_stats(z: np.ndarray, p_first: bool) -> dict[str, float]:
     }
     if p_first:
         vals["first_key_prob"] = float(p[0])
+    if sink is not None:
+        vals[vocab.SINK_PROB] = float(p[-1])
+    if n_opt > 1:
+        vals["entropy_norm"] = entropy / math.log(n_opt)
+        b = _beta_eff(entropy, n_opt)
+        vals[vocab.BETA_EFF] = b
+        vals[vocab.PEAKED_ENTROPY] = float(b > math.sqrt(2 * math.log(n_opt)))
     if n > 1:
-        vals["entropy_norm"] = entropy / math.log(n)
         vals["logit_top_gap"] = float(srt[0] - srt[1])
+    if p_first and n > 2:
+        rest = z[1:]
+        q = _softmax(rest)
+        h = float(entr(q).sum())
+        b = _beta_eff(h, n - 1)
+        c0 = math.sqrt(2 * math.log(n - 1))
+        x = {"entropy": h, "max_prob": float(q.max()), "logit_std": float(rest.std()),
+             "peaked": float(rest.std() > c0), vocab.BETA_EFF: b, vocab.PEAKED_ENTROPY: float(b > c0)}
+        vals.update({k + vocab.XSINK_SUFFIX: v for k, v in x.items()})
     return vals
 
 
@@ -71,6 +156,9 @@ def _reference_attention(arch: str, ids: torch.Tensor, mask: torch.Tensor) -> di
     m = mask.numpy()
     ref: dict = {}
     for layer, scores in enumerate(_eager_scores(arch, ids, mask)):
+        sinks = None
+        if arch == "gpt_oss":  # the eager softmax sees the sink logit as a last column
+            scores, sinks = scores[..., :-1], scores[..., -1]
         sliding = window is not None and (
             layer_types[layer] == "sliding_attention" or arch == "mistral_sliding"
         )
@@ -87,7 +175,8 @@ def _reference_attention(arch: str, ids: torch.Tensor, mask: torch.Tensor) -> di
                     # The eager mask agrees with our statement of what is visible (masked scores
                     # are the float64 minimum, or NaN where eager float64 overflowed upstream).
                     assert not np.any(scores[b, h, q, hidden] > -1e300)
-                    for k_, v in _row_stats(scores[b, h, q, keys], True).items():
+                    sink = None if sinks is None else float(sinks[b, h, q])
+                    for k_, v in _row_stats(scores[b, h, q, keys], True, sink).items():
                         acc.setdefault(k_, []).append(v)
             for k_, v in acc.items():
                 ref[("attn", layer, h, k_)] = (float(np.mean(v)), len(v))
@@ -134,7 +223,7 @@ def _assert_match(got: dict, ref: dict) -> None:
         assert gv == pytest.approx(value, rel=REL, abs=1e-12), key
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_statistics_match_eager_reference(arch):
     """Probing a model whose attention is eager: every attention site of every layer, to 1e-9.
 
@@ -145,11 +234,13 @@ def test_statistics_match_eager_reference(arch):
     assert {k for k in got if k[0] == "attn"} == set(ref)
     assert {k[1] for k in got if k[0] == "attn"} == set(range(tiny_config(arch).num_hidden_layers))
     _assert_match(got, ref)
-    # Not trivial: some head is far from uniform.
+    # Not trivial: some head is far from uniform; the sinks take real probability.
     assert max(v for k, (v, _) in got.items() if k[0] == "attn" and k[3] == "logit_std") > 0.5
+    sink = [v for k, (v, _) in got.items() if k[3] == vocab.SINK_PROB]
+    assert (max(sink) > 0.1) if arch == "gpt_oss" else not sink
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_default_attention_path_masks_match_eager_reference(arch):
     """Probing the model's default path (sdpa: boolean or skipped masks): outputs unchanged,
     first layer (identical inputs to the eager reference) exact, LM head exact."""
@@ -191,3 +282,41 @@ def test_batches_merge_to_the_same_means_as_one_batch():
         split = probe.to_frame()
     np.testing.assert_allclose(split["value"], whole["value"], rtol=1e-12, atol=1e-14)
     assert split["n_rows"].tolist() == whole["n_rows"].tolist()
+
+
+@pytest.mark.parametrize("arch", ["gpt_neox", "llama_gqa", "mistral_sliding", "gemma2_softcap", "gpt_oss"])
+def test_fused_path_matches_eager_attention_in_float32(arch):
+    """ProbeConfig(fused=True): every attention output comes from the probe's own scores. In
+    float32 the logits of real tokens stay within 1e-6 of eager attention's, and the statistics
+    within float32 rounding of the default path's."""
+    ids, mask = left_padded_batch()
+    model = tiny_model(arch, attn="eager").float()
+    frames = {}
+    for fused in (False, True):
+        with attach(model, ProbeConfig(fused=fused)) as probe:
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=mask).logits
+            frames[fused] = probe.to_frame()
+        if not fused:
+            with torch.no_grad():
+                plain = model(input_ids=ids, attention_mask=mask).logits
+            torch.testing.assert_close(logits, plain, rtol=0, atol=0)
+    real = mask.bool()
+    torch.testing.assert_close(logits[real], plain[real], rtol=1e-6, atol=1e-6)
+    a, b = frames[False], frames[True]
+    assert a[["site_kind", "layer", "head", "metric", "n_rows"]].equals(
+        b[["site_kind", "layer", "head", "metric", "n_rows"]]
+    )
+    smooth = ~a.metric.str.contains("peaked")  # a flag may flip on a float32 tie
+    np.testing.assert_allclose(b.value[smooth], a.value[smooth], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+def test_unpadded_default_path_matches_eager_reference(arch):
+    """No padding: sdpa gets no mask tensor and the probe takes its structured path (key
+    ranges by index, batched diagonal blocks); the first layer (identical inputs to the eager
+    reference) matches to 1e-9, every head."""
+    ids, mask = left_padded_batch(batch=2, pads=(0, 0))
+    got, _ = _probe(tiny_model(arch), ids, mask)
+    ref = _reference_attention(arch, ids, mask)
+    _assert_match(got, {k: v for k, v in ref.items() if k[1] == 0})

@@ -1,4 +1,6 @@
-"""The probes on their own: closed forms for single rows, and exact merging of accumulators."""
+"""The probes on their own: closed forms for single rows, exact merging of accumulators, the
+entropy-equivalent beta_eff (authors' anchor, a fresh Monte Carlo), sink-excluded and
+learned-sink statistics."""
 
 from __future__ import annotations
 
@@ -7,7 +9,19 @@ import math
 import pytest
 import torch
 
-from peakprobe.probes import Accumulator, SiteGroup, row_stats
+from peakprobe import vocab
+from peakprobe.probes import (
+    Accumulator,
+    MaskSpec,
+    SiteGroup,
+    attention_forward_with_sums,
+    attention_head_sums,
+    beta_eff,
+    expected_entropy,
+    row_stats,
+)
+from peakprobe.probes._entropy_curve import B_GRID
+from peakprobe.probes.rows import block_sums, finish, top2
 
 
 def test_uniform_and_two_level_rows_match_closed_forms():
@@ -66,3 +80,118 @@ def test_accumulators_merge_and_round_trip_exactly():
     head1 = frame[(frame["head"] == 1) & (frame.metric == "logit_std")].iloc[0]
     assert head1["value"] == pytest.approx(rows.mean().item(), rel=1e-13)
     assert head1["n_rows"] == rows.numel()
+
+
+# -- entropy-equivalent peakedness -------------------------------------------------------------
+
+
+def test_beta_eff_meets_the_authors_anchor_and_its_threshold():
+    """The authors: at n = 32000 an entropy of 1.69 nats is Gaussian logits of std 6.87, above
+    sqrt(2 ln n) = 4.55. Our tabulated expectation puts it 1.5% lower (see docs/probes.md)."""
+    b = beta_eff(torch.tensor([1.69], dtype=torch.float64), torch.tensor([32000.0]))
+    assert b.item() == pytest.approx(6.87, rel=0.02)
+    assert b.item() > vocab.peaked_threshold(32000) == pytest.approx(4.55, abs=0.01)
+
+
+@pytest.mark.parametrize("n, ratio", [(7, 0.6), (100, 1.3), (4096, 1.1)])
+def test_tabulated_entropy_matches_a_fresh_monte_carlo(n, ratio):
+    """Independent check of the table: brute-force E[H] of softmax(beta x), new seed and
+    sample count, within 4 standard errors (n = 4096 is above the exact-sampling range)."""
+    beta = ratio * math.sqrt(2 * math.log(n))
+    g = torch.Generator().manual_seed(123)
+    x = torch.randn(max(400, (1 << 20) // n), n, generator=g, dtype=torch.float64) * beta
+    p = torch.softmax(x, -1)
+    h = -(torch.special.xlogy(p, p)).sum(-1)
+    se = h.std().item() / math.sqrt(h.numel())
+    got = expected_entropy(torch.tensor(beta), torch.tensor(float(n))).item()
+    assert abs(got - h.mean().item()) < 4 * se + 2e-3 * math.log(n)
+
+
+def test_beta_eff_inverts_the_curve_and_clamps_outside_it():
+    n = torch.tensor([2.0, 50.0, 3000.0, 1e6])  # 1e6 is beyond the table's largest n
+    beta = torch.tensor([0.7, 2.5, 9.0, 4.0], dtype=torch.float64)
+    assert torch.allclose(beta_eff(expected_entropy(beta, n), n), beta, rtol=1e-12)
+    assert beta_eff(n.log(), n).tolist() == [0.0] * 4  # uniform: beta 0
+    assert beta_eff(n.log() + 1, n).tolist() == [0.0] * 4
+    top = vocab.peaked_threshold(n.double()) * B_GRID[-1]
+    assert torch.allclose(beta_eff(torch.zeros(4), n), top)  # entropy 0: the last knot
+    h = torch.linspace(0, math.log(50), 200, dtype=torch.float64)
+    assert (beta_eff(h, torch.full_like(h, 50.0)).diff() <= 0).all()  # falls with entropy
+
+
+def test_sink_excluded_statistics_of_a_parked_row():
+    """Key 0 takes nearly all the mass; the rest is uniform: the _xsink statistics see a
+    uniform row over n - 1 keys (entropy log 3, max_prob 1/3, std 0, not peaked)."""
+    z = torch.tensor([[40.0, 1.0, 1.0, 1.0], [5.0, 2.0, 0.0, 0.0]], dtype=torch.float64)
+    valid = torch.tensor([[True, True, True, True], [False, True, True, False]])
+    v = row_stats(z, valid, first_key=True)
+    x = {name: v.values[name + vocab.XSINK_SUFFIX] for name in ("entropy", "max_prob", "logit_std", "peaked")}
+    assert v.values["max_prob"][0] > 0.999 and v.values["peaked"][0] == 1.0
+    assert x["entropy"][0] == pytest.approx(math.log(3)) and x["max_prob"][0] == pytest.approx(1 / 3)
+    assert x["logit_std"][0] == 0.0 and x["peaked"][0] == 0.0
+    assert v.values[vocab.PEAKED_ENTROPY + vocab.XSINK_SUFFIX][0] == 0.0
+    # Row 1 has two visible keys: one is left once key 1 (its first) is out, so it is skipped.
+    assert v.weight["entropy" + vocab.XSINK_SUFFIX].tolist() == [1.0, 0.0]
+    assert v.values["first_key_prob"][1] == pytest.approx(1 / (1 + math.exp(-2)))
+
+
+def test_a_learned_sink_is_one_more_option_of_the_softmax_only():
+    """finish with a sink logit: probabilities over n + 1 options, logit statistics over n."""
+    z = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
+    sink = torch.tensor([2.5], dtype=torch.float64)
+    keys = block_sums(z)
+    s = finish(keys, torch.ones(1, dtype=torch.bool), first=z[:, 0], sink=sink).values
+    p = torch.softmax(torch.tensor([1.0, 2.0, 3.0, 2.5], dtype=torch.float64), 0)
+    assert s[vocab.SINK_PROB][0] == pytest.approx(p[3].item())
+    assert s["first_key_prob"][0] == pytest.approx(p[0].item())
+    assert s["entropy"][0] == pytest.approx(-(p * p.log()).sum().item())
+    assert s["entropy_norm"][0] == pytest.approx(s["entropy"][0].item() / math.log(4))
+    assert s["max_prob"][0] == pytest.approx(p.max().item())
+    assert s["logit_std"][0] == pytest.approx(z.std(unbiased=False).item())
+    assert s["logit_top_gap"][0] == pytest.approx(1.0)
+
+
+def test_top2_matches_topk_with_ties():
+    g = torch.Generator().manual_seed(0)
+    for n in (2, 5, 63, 64, 100, 1000):
+        x = (torch.randn(40, n, generator=g) * 3).round()  # many ties
+        m, m2 = top2(x)
+        ref = x.topk(2, -1).values
+        assert torch.equal(m, ref[:, 0]) and torch.equal(m2, ref[:, 1]), n
+
+
+def _eager(q, k, v, visible, sinks=None):
+    """float64 softmax attention written out: q (B, H, Tq, D), k/v (B, Hkv, Tk, D)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    z = (q @ k.transpose(-1, -2)) * 0.3
+    z = z.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        z = torch.cat([z, sinks.view(1, -1, 1, 1).expand(*z.shape[:-1], 1)], -1)
+    p = torch.softmax(z, -1)[..., : k.shape[2]]
+    return (p @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("tq, off, chunk", [(37, 0, 8), (30, 5, 7), (16, 0, 16)])
+def test_structured_and_masked_paths_agree_and_fused_output_is_attention(tq, off, chunk):
+    """Causal structure by index (key ranges, batched diagonal) and the same structure as a
+    bool mask give the same statistics; the fused output is softmax attention."""
+    g = torch.Generator().manual_seed(tq)
+    q = torch.randn(2, 4, tq, 8, generator=g, dtype=torch.float64) * 3
+    k = torch.randn(2, 2, tq + off, 8, generator=g, dtype=torch.float64) * 3
+    v = torch.randn(2, 2, tq + off, 8, generator=g, dtype=torch.float64)
+    sinks = torch.tensor([0.0, 3.0, -1.0, 8.0], dtype=torch.float64)
+    visible = torch.arange(tq + off).view(1, -1) <= torch.arange(tq).view(-1, 1) + off
+    kw = dict(scaling=0.3, chunk=chunk, dtype=torch.float64, sinks=sinks)
+    by_index = attention_forward_with_sums(q, k, v, mask=MaskSpec(q_offset=off), **kw)
+    by_mask = attention_forward_with_sums(
+        q, k, v, mask=MaskSpec(mask=visible.view(1, 1, tq, -1), q_offset=off), **kw
+    )
+    assert by_index[1] == by_mask[1]
+    torch.testing.assert_close(by_index[2], by_mask[2], rtol=1e-12, atol=1e-12)
+    assert torch.equal(by_index[3], by_mask[3])
+    ref = _eager(q, k, v, visible, sinks)
+    for out in (by_index[0], by_mask[0]):
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    plain = attention_head_sums(q, k, mask=MaskSpec(q_offset=off), **kw)
+    torch.testing.assert_close(plain[1], by_index[2], rtol=0, atol=0)

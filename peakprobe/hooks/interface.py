@@ -5,7 +5,9 @@ transformers' ``AttentionInterface`` (and the original implementation's mask fun
 same name with ``AttentionMaskInterface``, so the model still builds the masks it always did), and
 the model is switched to it with ``set_attn_implementation``. Every attention call then reaches
 ``Probe._attention``, which streams the per-head statistics from the query/key states and hands
-the call on to the model's original attention function, so the model's outputs are unchanged.
+the call on to the model's original attention function, so the model's outputs are unchanged
+(with ``ProbeConfig(fused=True)`` the output is computed from the probe's own scores instead:
+QK^T once, outputs within float rounding of eager attention).
 The LM head is read from the model's returned logits (exactly what its softmax sees, final
 softcapping included) by a forward hook on the model. ``attach`` undoes all of it on exit.
 """
@@ -24,7 +26,14 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..probes import Accumulator, MaskSpec, SiteGroup, attention_head_sums, row_stats
+from ..probes import (
+    Accumulator,
+    MaskSpec,
+    SiteGroup,
+    attention_forward_with_sums,
+    attention_head_sums,
+    row_stats,
+)
 from .search import describe_attribution
 
 _names = itertools.count()
@@ -50,6 +59,9 @@ class ProbeConfig:
     backend: "torch", "triton" (forced; on CPU it needs TRITON_INTERPRET=1) or "auto" (the
         Triton kernel for CUDA tensors when triton is installed, torch otherwise).
     lm_chunk: token positions per block of LM-head logits.
+    fused: compute each attention output from the probe's own scores (QK^T once; outputs
+        within float rounding of eager attention, not bit-identical to the model's own path).
+        Off by default: the model's attention function then runs unchanged.
     """
 
     chunk: int = 32
@@ -59,6 +71,7 @@ class ProbeConfig:
     lm_chunk: int = 512
     attribution_windows: int = 4
     attribution_heads: str = "estimate"
+    fused: bool = False
 
     def __post_init__(self) -> None:
         if self.attribution_windows < 0:
@@ -85,7 +98,43 @@ class ProbeConfig:
             "lm_chunk": self.lm_chunk,
             "attribution": describe_attribution(self.attribution_windows, self.attribution_heads)
             if self.attribution else None,
+            "fused": self.fused,
         }
+
+
+def _softmax_kwargs(module, query, key, attention_mask, kwargs: dict) -> dict:
+    """What of the attention interface's keyword arguments shapes the softmax, as arguments of
+    ``attention_head_sums``: scaling, causal / sliding-window structure and the mask, Gemma-2
+    softcapping, a learned sink logit (gpt-oss ``s_aux``; a per-query ``sinks`` tensor), an
+    additive ``position_bias``. ``dropout`` is training-only (the probes run in eval mode) and
+    ``position_ids`` only feed the rotary embedding; packed sequences (``cu_seq_lens_*``)
+    carry their mask outside ``attention_mask`` and are refused."""
+    if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
+        raise UnsupportedModelError(
+            "packed sequences (cu_seq_lens) are not supported: probe unpacked, padded batches"
+        )
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+    spec = MaskSpec(
+        mask=attention_mask,
+        causal=causal,
+        sliding_window=kwargs.get("sliding_window"),
+        q_offset=key.shape[2] - query.shape[2],
+    )
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = kwargs.get("sinks")
+    bias = kwargs.get("position_bias")
+    return {
+        "scaling": float(scaling),
+        "mask": spec,
+        "softcap": kwargs.get("softcap"),
+        "sinks": None if sinks is None else sinks.detach(),
+        "position_bias": None if bias is None else bias.detach(),
+    }
 
 
 def _triton_sums() -> Callable | None:
@@ -133,37 +182,30 @@ class Probe:
     def _attention(self, module, query, key, value, attention_mask, **kwargs):
         self.n_attention_calls += 1
         layer = self._layer_index(module)
-        scaling = kwargs.get("scaling")
-        if scaling is None:
-            scaling = query.shape[-1] ** -0.5
-        causal = kwargs.get("is_causal")
-        causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
-        spec = MaskSpec(
-            mask=attention_mask,
-            causal=causal,
-            sliding_window=kwargs.get("sliding_window"),
-            q_offset=key.shape[2] - query.shape[2],
-        )
-        softcap = kwargs.get("softcap")
+        stats_kw = _softmax_kwargs(module, query, key, attention_mask, kwargs)
         row_valid = None
         am = self._attention_mask
         if am is not None and am.dim() == 2 and am.shape[-1] == query.shape[2]:
             row_valid = am.to(query.device).bool()  # (B, Tq)
-        sums_fn = self._sums_fn
-        if self._fast_sums is not None and (query.is_cuda or self.config.backend == "triton"):
-            sums_fn = self._fast_sums
-        metrics, sums, counts = sums_fn(
-            query.detach(),
-            key.detach(),
-            scaling=float(scaling),
-            mask=spec,
-            softcap=softcap,
-            row_valid=row_valid,
-            chunk=self.config.chunk,
-            dtype=self.config.torch_dtype,
-        )
+        fused_out = None
+        # Fused only without autograd: the probe's output carries no gradient.
+        if self.config.fused and not torch.is_grad_enabled() and value is not None:
+            fused_out, metrics, sums, counts = attention_forward_with_sums(
+                query.detach(), key.detach(), value.detach(), row_valid=row_valid,
+                chunk=self.config.chunk, dtype=self.config.torch_dtype, **stats_kw,
+            )  # fmt: skip
+        else:
+            sums_fn = self._sums_fn
+            if self._fast_sums is not None and (query.is_cuda or self.config.backend == "triton"):
+                sums_fn = self._fast_sums
+            metrics, sums, counts = sums_fn(
+                query.detach(), key.detach(), row_valid=row_valid, chunk=self.config.chunk,
+                dtype=self.config.torch_dtype, **stats_kw,
+            )  # fmt: skip
         self.accumulator.add_sums(SiteGroup("attn", layer), metrics, sums, counts)
 
+        if fused_out is not None:
+            return fused_out, None
         if self._delegate is not None:
             return self._delegate(module, query, key, value, attention_mask, **kwargs)
         eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)

@@ -1,18 +1,21 @@
 """Streaming per-row statistics of softmax logits and their mergeable accumulators (torch only)."""
 
 from .accumulate import Accumulator, SiteGroup
-from .attention import MaskSpec, attention_head_sums
-from .rows import ATTN_METRICS, COMMON_METRICS, LM_METRICS, RowStats, peaked_threshold, row_stats
+from .attention import MaskSpec, attention_forward_with_sums, attention_head_sums
+from .gaussian_entropy import beta_eff, expected_entropy
+from .rows import LM_HEAD_METRICS, XSINK_METRICS, RowStats, attn_metric_names, row_stats
 
 __all__ = [
-    "ATTN_METRICS",
-    "COMMON_METRICS",
-    "LM_METRICS",
+    "LM_HEAD_METRICS",
+    "XSINK_METRICS",
     "Accumulator",
     "MaskSpec",
     "RowStats",
     "SiteGroup",
+    "attention_forward_with_sums",
     "attention_head_sums",
-    "peaked_threshold",
+    "attn_metric_names",
+    "beta_eff",
+    "expected_entropy",
     "row_stats",
 ]

@@ -2,9 +2,18 @@
 
 This is the reference implementation the optional Triton kernel must match. It rebuilds the
 attention logits exactly as a Hugging Face attention function would (scaling, optional
-softcapping, grouped-query heads, the additive or boolean mask, or causal / sliding-window
-structure when no mask is materialised) one chunk of query rows at a time, so nothing of size
-T x T per head ever exists beyond one chunk.
+softcapping, an additive position bias, grouped-query heads, the additive or boolean mask, or
+causal / sliding-window structure when no mask is materialised, a learned sink logit) one chunk
+of query rows at a time, so nothing of size T x T per head ever exists beyond one chunk.
+
+Each chunk's logits are reduced once to per-row ``rows.Sums``. With causal structure and no mask
+tensor the key range is split, so no masking work touches most of the block: key 0 (the first
+visible key, kept apart for the ``_xsink`` statistics), the keys every row of the chunk sees
+(no mask at all) and the chunk's diagonal block (masked, chunk x chunk). Other masks take one
+masked fill. The per-row sums of all chunks are merged and turned into statistics once per call.
+
+``attention_forward_with_sums`` (the opt-in fused path) also returns the attention output,
+computed from the same exponentials, so QK^T is done once.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .rows import ATTN_METRICS, row_stats
+from .rows import Sums, attn_metric_names, finish, merge, normalized, raw_block_sums, single
 
 
 @dataclass(frozen=True)
@@ -34,43 +43,227 @@ class MaskSpec:
 def _chunk_logits(
     q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None
 ) -> torch.Tensor:
-    """Scores of a query chunk against all keys, grouped-query heads expanded.
+    """Scores of a query chunk against keys, grouped-query heads expanded.
 
     q: (B, H, C, D); k: (B, Hkv, Tk, D) -> (B, H, C, Tk)
     """
     b, h, c, d = q.shape
     hkv = k.shape[1]
-    groups = h // hkv
-    qg = q.reshape(b, hkv, groups, c, d)  # (B, Hkv, G, C, D)
-    z = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2))  # (B, Hkv, G, C, Tk)
-    z = z.reshape(b, h, c, k.shape[2]) * scaling  # (B, H, C, Tk)
+    # The scaling (and 1 / softcap) multiply the small query chunk, not the block.
+    factor = scaling if softcap is None else scaling / softcap
+    qg = (q * factor).reshape(b, hkv, (h // hkv) * c, d)  # (B, Hkv, G*C, D)
+    z = torch.matmul(qg, k.transpose(-1, -2)).view(b, h, c, k.shape[2])  # (B, H, C, Tk)
     if softcap is not None:
-        z = torch.tanh(z / softcap) * softcap
+        z = z.tanh_().mul_(softcap)
     return z
 
 
-def _chunk_valid(
-    spec: MaskSpec, i0: int, i1: int, tk: int, device: torch.device, z: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits with any additive mask applied, bool validity) for query rows i0:i1."""
-    if spec.mask is None:
-        qpos = torch.arange(i0, i1, device=device).unsqueeze(-1) + spec.q_offset  # (C, 1)
-        kpos = torch.arange(tk, device=device).unsqueeze(0)  # (1, Tk)
-        valid = torch.ones(i1 - i0, tk, dtype=torch.bool, device=device)
-        if spec.causal:
-            valid = valid & (kpos <= qpos)
-        if spec.sliding_window is not None:
-            valid = valid & (kpos > qpos - spec.sliding_window)
-        return z, valid.view(1, 1, i1 - i0, tk)  # (1, 1, C, Tk)
-    m = spec.mask[:, :, i0:i1, :tk]  # (B, 1|H, C, Tk)
-    if m.dtype == torch.bool:
-        return z, m
-    lowest = torch.finfo(m.dtype).min / 2
-    valid = m > lowest
-    return z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype), valid
+def _grouped_matmul(e: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """e (B, H, C, N) @ v (B, Hkv, N, Dv) -> (B, H, C, Dv), grouped-query heads shared."""
+    b, h, c, n = e.shape
+    hkv = v.shape[1]
+    return torch.matmul(e.reshape(b, hkv, (h // hkv) * c, n), v).view(b, h, c, v.shape[-1])
+
+
+def _index_valid(spec: MaskSpec, i0: int, i1: int, k0: int, k1: int, device) -> torch.Tensor:
+    """(1, 1, C, k1 - k0) bool: which keys k0:k1 rows i0:i1 see, by causal / window structure."""
+    qpos = torch.arange(i0, i1, device=device).unsqueeze(-1) + spec.q_offset  # (C, 1)
+    kpos = torch.arange(k0, k1, device=device).unsqueeze(0)  # (1, K)
+    valid = torch.ones(i1 - i0, k1 - k0, dtype=torch.bool, device=device)
+    if spec.causal:
+        valid = valid & (kpos <= qpos)
+    if spec.sliding_window is not None:
+        valid = valid & (kpos > qpos - spec.sliding_window)
+    return valid.view(1, 1, i1 - i0, k1 - k0)
+
+
+@dataclass
+class _Chunk:
+    core: Sums  # raw sums over the visible keys but the first that need no mask (B, H, C)
+    edge: Sums  # raw sums over the masked keys but the first (B, H, C)
+    first: torch.Tensor  # logit of the first visible key (B, H, C)
+    present: torch.Tensor  # the row has a visible key (B|1, 1|H, C)
+    out: torch.Tensor | None = None  # fused: sum e^(z - out_m) v over the chunk's part (B, H, C, Dv)
+    out_m: torch.Tensor | None = None  # (B, H, C)
+
+
+def _empty(z: torch.Tensor) -> Sums:
+    return raw_block_sums(z[..., :0])
+
+
+def _fused_part(z, m, valid, v, dtype) -> torch.Tensor:
+    """sum_j e^(z_j - m) v_j over the valid keys: z (B, H, C, N), m (B, H, C), v (B, Hkv, N, Dv)."""
+    e = (z - m.unsqueeze(-1)).clamp_(max=0.0).exp_()  # clamp: rows with no valid key (m = low)
+    if valid is not None:
+        e = e.masked_fill_(~valid, 0.0)
+    return _grouped_matmul(e, v.to(dtype))
+
+
+def _structured_chunk(z, value, dtype) -> _Chunk:
+    """Causal (or full) structure, no mask tensor, no window: z holds key 0 and the keys every
+    row of the chunk sees (no mask work at all); the diagonal block is done apart."""
+    first = z[..., 0].clone()  # no view: the chunk's block must not stay alive
+    present = torch.ones(1, 1, z.shape[2], dtype=torch.bool, device=z.device)
+    if value is not None and z.shape[-1] > 1:  # the output from the same exponentials
+        v = value[:, :, 1 : z.shape[-1]].to(dtype)
+        core, out = raw_block_sums(z[..., 1:], weigh=lambda e: _grouped_matmul(e, v))
+        return _Chunk(core, _empty(z), first, present, out, core.m)
+    return _Chunk(raw_block_sums(z[..., 1:]), _empty(z), first, present)
+
+
+def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype):
+    """The masked part of causal rows, all chunks at once: query row r of chunk [i0, i1) sees
+    keys i0 + off + 1 .. r + off. Returns raw ``Sums`` (B, H, Tq) and, fused, the part's
+    e-weighted values (B, H, Tq, Dv)."""
+    b, h, tq, d = query.shape
+    n_c = -(-tq // chunk)
+    pad = n_c * chunk - tq
+    q = torch.nn.functional.pad(query.to(dtype), (0, 0, 0, pad))  # (B, H, Tp, D)
+    k = torch.nn.functional.pad(key[:, :, off : off + tq].to(dtype), (0, 0, 0, pad))
+    hkv = k.shape[1]
+    factor = scaling if softcap is None else scaling / softcap
+    qg = (q * factor).view(b, hkv, h // hkv, n_c, chunk, d)
+    kg = k.view(b, hkv, 1, n_c, chunk, d)
+    z = torch.matmul(qg, kg.transpose(-1, -2)).view(b, h, n_c, chunk, chunk)  # (B, H, nC, C, C)
+    if softcap is not None:
+        z = z.tanh_().mul_(softcap)
+    r = torch.arange(chunk, device=z.device)
+    valid = (r.view(1, chunk) >= 1) & (r.view(1, chunk) <= r.view(chunk, 1))  # (C, C): 1 <= t <= row
+    out = None
+    if value is not None:  # the output from the same exponentials
+        v = torch.nn.functional.pad(value[:, :, off : off + tq].to(dtype), (0, 0, 0, pad))
+        dv = v.shape[-1]
+        vg = v.view(b, hkv, 1, n_c, chunk, dv)
+
+        def weigh(e):  # (B, H, nC, C, C) -> (B, H, Tq, Dv); hidden keys: e <= e^-69
+            o = torch.matmul(e.view(b, hkv, h // hkv, n_c, chunk, chunk), vg)
+            return o.reshape(b, h, n_c * chunk, dv)[:, :, :tq]
+
+        sums, out = raw_block_sums(z, valid, weigh=weigh)
+    else:
+        sums = raw_block_sums(z, valid)
+    sums = Sums(*(getattr(sums, f).reshape(b, h, n_c * chunk)[:, :, :tq] for f in Sums.__dataclass_fields__))
+    return sums, out
+
+
+def _masked_chunk(z, valid, value, dtype, k0) -> _Chunk:
+    """Any mask: one masked fill; the first visible key of each row is found and left out."""
+    idx = valid.to(torch.int8).argmax(-1, keepdim=True)  # (B|1, 1|H, C, 1) first visible
+    present = valid.gather(-1, idx).squeeze(-1)
+    first = z.gather(-1, idx.expand(*z.shape[:-1], 1)).squeeze(-1)
+    first = torch.where(present, first, torch.zeros((), dtype=z.dtype, device=z.device))
+    rest_valid = valid.scatter(-1, idx, False)
+    rest = raw_block_sums(z, rest_valid)
+    chunk = _Chunk(_empty(z), rest, first, present)
+    if value is not None:  # every visible key, first included, relative to their max
+        keys = merge(normalized(rest), single(first, present))
+        m = torch.where(torch.isfinite(keys.m), keys.m, 0).to(z.dtype)
+        zz = z.masked_fill(~valid, 0.0)  # no NaN from hidden keys
+        chunk.out, chunk.out_m = _fused_part(zz, m, valid, value[:, :, k0 : k0 + z.shape[-1]], dtype), m
+    return chunk
+
+
+def _cat_sums(parts: list[Sums], shape: tuple[int, ...]) -> Sums:
+    """Raw per-chunk sums, concatenated along the query rows."""
+    fields = Sums.__dataclass_fields__
+    return Sums(*(torch.cat([getattr(p, f).expand(shape[:2] + getattr(p, f).shape[2:]) for p in parts], dim=2) for f in fields))
 
 
 @torch.no_grad()
+def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, sinks, bias):
+    b, h, tq, _ = query.shape
+    tk = key.shape[2]
+    off = mask.q_offset
+    k = key.to(dtype)
+    structured = mask.mask is None and mask.sliding_window is None and tk > 0
+    # Causal rows without a mask tensor: the diagonal blocks of all chunks in one batch
+    # (without a position bias, which would need the blocks' bias slices).
+    diagonal = structured and mask.causal and bias is None
+    chunks: list[_Chunk] = []
+    # Longest key ranges first: every later block fits in memory an earlier one freed (the
+    # allocator then reuses it instead of growing the heap).
+    for i0 in reversed(range(0, tq, chunk)):
+        i1 = min(tq, i0 + chunk)
+        # Keys no row of the chunk can see are never multiplied.
+        hi = min(tk, i1 + off) if (mask.mask is None and mask.causal) else tk
+        if diagonal:
+            hi = min(tk, i0 + off + 1)  # the keys every row of the chunk sees
+        lo = 0
+        if mask.mask is None and mask.sliding_window is not None:
+            lo = max(0, min(hi, i0 + off - mask.sliding_window + 1))
+        q = query[:, :, i0:i1].to(dtype)
+        z = _chunk_logits(q, k[:, :, lo:hi], scaling, softcap)  # (B, H, C, hi - lo)
+        if bias is not None:
+            z = z + bias[:, :, i0:i1, lo:hi].to(dtype)
+        if diagonal or (structured and not mask.causal):
+            ch = _structured_chunk(z, value, dtype)
+        else:
+            if mask.mask is None:
+                valid = _index_valid(mask, i0, i1, lo, hi, z.device)
+            else:
+                m = mask.mask[:, :, i0:i1, lo:hi]  # (B, 1|H, C, Tk)
+                if m.dtype == torch.bool:
+                    valid = m
+                else:
+                    valid = m > torch.finfo(m.dtype).min / 2
+                    z = z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype)
+            ch = _masked_chunk(z, valid, value, dtype, lo)
+        chunks.append(ch)
+    chunks.reverse()
+    core = normalized(_cat_sums([c.core for c in chunks], (b, h)))  # (B, H, Tq)
+    diag_out = None
+    if diagonal:
+        edge_raw, diag_out = _diagonal(
+            query, key, value, scaling=scaling, softcap=softcap, chunk=chunk, off=off, dtype=dtype
+        )
+    else:
+        edge_raw = _cat_sums([c.edge for c in chunks], (b, h))
+    edge = normalized(edge_raw)
+    rest = merge(core, edge)
+    first = torch.cat([c.first for c in chunks], dim=2).to(torch.float64)  # (B, H, Tq)
+    present = torch.cat([c.present.expand(b, h, -1) for c in chunks], dim=2)
+    keys = merge(rest, single(first, present))
+    ok = torch.ones(b, h, tq, dtype=torch.bool, device=query.device)
+    if row_valid is not None:
+        ok = ok & row_valid.bool().view(b, 1, tq)
+    sink = None
+    if sinks is not None:
+        sink = sinks.to(torch.float64)
+        sink = sink.view(1, h, 1) if sink.dim() == 1 else sink.reshape(b, h, tq)  # (H,) or (B, H, Tq, 1)
+        sink = sink.expand(b, h, tq)
+    stats = finish(keys, ok, first=first, rest=rest, sink=sink)
+    names = attn_metric_names(sinks is not None)
+    sums = torch.stack([(stats.values[n] * stats.weight[n]).sum(dim=(0, 2)) for n in names], -1)
+    counts = torch.stack([stats.weight[n].expand(b, h, tq).sum(dim=(0, 2)) for n in names], -1)
+    out = None
+    if value is not None:
+        lse = stats_lse(keys, sink)  # (B, H, Tq)
+
+        def weighted(o, m):  # o relative to e^m, rescaled to probabilities
+            return o * (m.to(torch.float64) - lse).exp().to(o.dtype).unsqueeze(-1)
+
+        dv = value.shape[-1]
+        out = torch.zeros(b, h, tq, dv, dtype=dtype, device=query.device)
+        for i, c in enumerate(chunks):
+            if c.out is not None:
+                out[:, :, i * chunk : i * chunk + c.out.shape[2]] += c.out
+        m_part = torch.cat([c.out_m if c.out_m is not None else torch.full_like(c.first, float("-inf")) for c in chunks], dim=2)
+        out = weighted(out, m_part)
+        if structured:  # key 0 was kept apart
+            out = out + weighted(_grouped_matmul(torch.ones(b, h, tq, 1, dtype=dtype, device=out.device), value[:, :, :1].to(dtype)), first)
+        if diag_out is not None:
+            out = out + weighted(diag_out, edge_raw.m)
+        out = torch.where(present.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype, device=out.device))
+        out = out.to(query.dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv) like HF
+    return names, sums, counts, out
+
+
+def stats_lse(keys: Sums, sink: torch.Tensor | None) -> torch.Tensor:
+    """log-sum-exp of each row's softmax (keys, and the sink logit when there is one)."""
+    soft = keys if sink is None else merge(keys, single(sink))
+    return soft.m + soft.s.clamp(min=1e-300).log()
+
+
 def attention_head_sums(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -81,35 +274,46 @@ def attention_head_sums(
     row_valid: torch.Tensor | None = None,
     chunk: int = 32,
     dtype: torch.dtype = torch.float32,
+    sinks: torch.Tensor | None = None,
+    position_bias: torch.Tensor | None = None,
 ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
     """Per-head sums and row counts of every attention statistic.
 
     Args:
         query: (B, H, Tq, D); key: (B, Hkv, Tk, D) with H a multiple of Hkv.
         row_valid: bool (B, Tq): query rows to count (False for padding queries).
-        dtype: precision of the logits and statistics (float64 for exact checks).
+        dtype: precision of the logits and block passes (float64 for exact checks); per-row
+            results are float64.
+        sinks: learned sink logits, (H,) or (B, H, Tq, 1): one more softmax option per row.
+        position_bias: additive (B|1, H, Tq, Tk) bias on the scores, before the mask.
 
     Returns:
         (metric names, sums (H, M) float64, counts (H, M) float64).
     """
-    b, h, tq, _ = query.shape
-    tk = key.shape[2]
-    k = key.to(dtype)
-    sums = torch.zeros(h, len(ATTN_METRICS), dtype=torch.float64, device=query.device)
-    counts = torch.zeros_like(sums)
-    for i0 in range(0, tq, chunk):
-        i1 = min(tq, i0 + chunk)
-        # Causal structure without a mask: keys past the last query of the chunk are never used.
-        kk = k
-        if mask.mask is None and mask.causal:
-            kk = k[:, :, : min(tk, i1 + mask.q_offset)]
-        z = _chunk_logits(query[:, :, i0:i1].to(dtype), kk, scaling, softcap)  # (B, H, C, Tk')
-        z, valid = _chunk_valid(mask, i0, i1, kk.shape[2], query.device, z)
-        rv = None if row_valid is None else row_valid[:, i0:i1].bool().view(b, 1, i1 - i0)
-        stats = row_stats(z, valid, rv, first_key=True)
-        for m, name in enumerate(ATTN_METRICS):
-            v = stats.values[name].to(torch.float64)  # (B, H, C)
-            w = stats.weight[name].to(torch.float64)
-            sums[:, m] += (v * w).sum(dim=(0, 2))
-            counts[:, m] += w.sum(dim=(0, 2))
-    return ATTN_METRICS, sums, counts
+    names, sums, counts, _ = _run(
+        query, key, None, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
+        chunk=chunk, dtype=dtype, sinks=sinks, bias=position_bias,
+    )  # fmt: skip
+    return names, sums, counts
+
+
+def attention_forward_with_sums(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    **kwargs,
+) -> tuple[torch.Tensor, tuple[str, ...], torch.Tensor, torch.Tensor]:
+    """The fused path: (attention output (B, Tq, H, Dv) in query's dtype, names, sums, counts).
+
+    Same arguments as ``attention_head_sums``. The output is softmax(z) @ V from the very
+    exponentials the statistics use (the sink takes probability but adds no value); rows with
+    no visible key get zeros. Within float rounding of eager attention, not bit-identical."""
+    names, sums, counts, out = _run(
+        query, key, value, scaling=kwargs.pop("scaling"), mask=kwargs.pop("mask"),
+        softcap=kwargs.pop("softcap", None), row_valid=kwargs.pop("row_valid", None),
+        chunk=kwargs.pop("chunk", 32), dtype=kwargs.pop("dtype", torch.float32),
+        sinks=kwargs.pop("sinks", None), bias=kwargs.pop("position_bias", None),
+    )  # fmt: skip
+    if kwargs:
+        raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+    return out, names, sums, counts

@@ -1,32 +1,33 @@
-"""Per-row statistics of a block of softmax logits (pure torch; the reference path).
+"""Per-row statistics of softmax logits, derived from a few streaming sums (pure torch).
 
 A *row* is one softmax: the logits ``z`` of one query over the keys it may attend to, or of one
-token position over the vocabulary. Given a block of rows and a validity mask this module returns
-every statistic of DESIGN.md ("The softmax site") per row, exactly and in the block's dtype.
-Nothing here knows about models or hooks; `hooks` feeds it, `accumulate` averages its output.
+token position over the vocabulary. Each block of logits is reduced once to per-row sums
+(``Sums``: count, max, second max, sum e^(z-m), sum e^(z-m)(z-m), sum (z-m), sum (z-m)^2),
+parts of a row (key ranges, the first visible key, a learned sink logit) are merged exactly
+like flash attention's online softmax, and every statistic is derived from the merged sums in
+float64 (``finish``). Metric names come from ``vocab``. Nothing here knows about models or
+hooks; ``attention`` and the hooks feed it, ``accumulate`` averages its output.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-#: Statistics every softmax site reports, in this order.
-COMMON_METRICS: tuple[str, ...] = (
-    "entropy",
-    "entropy_norm",
-    "max_prob",
-    "logit_std",
-    "logit_max_minus_mean",
-    "logit_top_gap",
-    "peaked",
-)
-#: Attention sites add the probability on the first visible key (the attention-sink mass).
-ATTN_METRICS: tuple[str, ...] = COMMON_METRICS + ("first_key_prob",)
-#: The LM head adds the next-token statistics.
-LM_METRICS: tuple[str, ...] = COMMON_METRICS + ("loss", "target_prob", "target_logit_minus_mean")
+from .. import vocab
+from .gaussian_entropy import beta_eff
+
+XSINK_METRICS = vocab.XSINK_METRICS
+
+
+def attn_metric_names(sinks: bool = False) -> tuple[str, ...]:
+    """Every attention statistic, in emission order (``sink_prob`` last, for sink models)."""
+    return vocab.ATTN_PROBE_METRICS + ((vocab.SINK_PROB,) if sinks else ())
+
+
+#: the LM head's statistics, in emission order
+LM_HEAD_METRICS: tuple[str, ...] = vocab.LM_PROBE_METRICS
 
 
 @dataclass
@@ -41,9 +42,254 @@ class RowStats:
     weight: dict[str, torch.Tensor]
 
 
-def peaked_threshold(n: torch.Tensor) -> torch.Tensor:
-    """The random-energy-model threshold sqrt(2 ln n) on the logit std, per row."""
-    return torch.sqrt(2.0 * torch.log(n.clamp(min=1)))
+@dataclass
+class Sums:
+    """Mergeable per-row sums of one part of a row's options (all float64, row shape).
+
+    ``m`` is the part's max (-inf when empty), ``m2`` its second largest (a tied max counts
+    twice, like ``topk``), ``s = sum e^(z-m)``, ``a = sum e^(z-m) (z-m)``, ``d1 = sum (z-m)``,
+    ``d2 = sum (z-m)^2``; ``n`` the option count. Empty parts have s = a = d1 = d2 = 0.
+    """
+
+    n: torch.Tensor
+    m: torch.Tensor
+    m2: torch.Tensor
+    s: torch.Tensor
+    a: torch.Tensor
+    d1: torch.Tensor
+    d2: torch.Tensor
+
+
+def _low(dtype: torch.dtype) -> float:
+    """A finite stand-in for masked logits: exp(low - m) is 0 and 0 * low is 0 (no NaN)."""
+    return torch.finfo(dtype).min / 4
+
+
+#: lower clamp of z - max before exp (e^-69 ~ 1e-30; e^-690 ~ 1e-300 for float64)
+_CLAMP = {torch.float32: -69.0, torch.float64: -690.0}
+
+
+def top2(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Largest and second largest of each row of x (..., N), N >= 2, as ``topk(2)`` gives them
+    (a tied maximum counts twice).
+
+    Rows of 32 or more: one elementwise max over 16 strided slices (groups j, j + G, j + 2G, ...), then
+    the argmax group and the runner-up group on the 16x smaller maxima (``topk`` on the whole
+    row is several times slower on CPU)."""
+    n = x.shape[-1]
+    if n < 32:
+        m, i = x.max(-1, keepdim=True)
+        return m.squeeze(-1), x.scatter(-1, i, float("-inf")).amax(-1)
+    g = n // 16
+    xb = x[..., : 16 * g].unflatten(-1, (16, g))  # (..., 16, G): column j of slice i is i*G + j
+    gmax = xb.amax(-2)  # (..., G) group j = {j, j + G, ...}
+    m, gi = gmax.max(-1, keepdim=True)  # (..., 1)
+    runner = gmax.scatter(-1, gi, float("-inf")).amax(-1)  # best other group
+    idx = gi.unsqueeze(-2).expand(*gi.shape[:-1], 16, 1)
+    inner = xb.gather(-1, idx).squeeze(-1)  # (..., 16) the winning group
+    inner_second = inner.scatter(-1, inner.argmax(-1, keepdim=True), float("-inf")).amax(-1)
+    m2 = torch.maximum(runner, inner_second)
+    if 16 * g < n:  # the tail: at most 15 columns
+        tail = x[..., 16 * g :]
+        both = torch.cat([tail, m, m2.unsqueeze(-1)], -1).topk(2, dim=-1).values
+        return both[..., 0], both[..., 1]
+    return m.squeeze(-1), m2
+
+
+def block_sums(x: torch.Tensor, valid: torch.Tensor | None = None) -> Sums:
+    """Per-row ``Sums`` of x (..., N) over the options where ``valid`` (broadcastable bool) is
+    True, or over all N when ``valid`` is None (no masking work at all). Passes over the block:
+    top-2, z - m, exp, and four reductions; computed in x's dtype, returned in float64."""
+    return normalized(raw_block_sums(x, valid))
+
+
+def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=None):
+    """``block_sums`` before ``normalized``: in x's dtype, and rows with no valid option (or
+    one) hold placeholders. Raw sums of several blocks can be concatenated and normalised at
+    once (fewer small operations per block).
+
+    ``weigh``: a function of the block's e^(z - m) (valid entries; hidden ones are below
+    e^-69), e.g. their product with the values (the fused attention output); then the result
+    is ``(sums, weigh(e))``."""
+    rows = x.shape[:-1]
+    n_cols = x.shape[-1]
+    if n_cols == 0:
+        zero = torch.zeros(rows, dtype=x.dtype, device=x.device)
+        return Sums(zero, zero, zero, zero, zero, zero, zero)
+    if valid is not None:
+        x = x.masked_fill(~valid, _low(x.dtype))  # also drops NaN at hidden keys
+        n = valid.sum(-1).to(x.dtype).expand(rows)
+    else:
+        n = torch.full((), float(n_cols), dtype=x.dtype, device=x.device).expand(rows)
+    if n_cols >= 2:
+        m, m2 = top2(x)
+    else:
+        m = x[..., 0].clone()  # no view: the sums must not keep the block alive
+        m2 = m
+    d = x - m.unsqueeze(-1)  # (..., N) <= 0
+    # exp(d) for d below ~-87 (float32) takes a slow path on CPU (denormal or zero results,
+    # tens of times slower): clamp where e^d is below 1e-30 of the row's largest term. The
+    # clamped terms (hidden keys included) add at most N e^-69 to s: nothing at float32 or
+    # float64 precision.
+    c = d.clamp(min=_CLAMP[x.dtype]) if x.dtype in _CLAMP else d.clone()
+    e = c.exp()
+    s = e.sum(-1)
+    weighed = None if weigh is None else weigh(e)
+    a = e.mul_(c).sum(-1)
+    del c, e
+    if valid is not None:
+        d.masked_fill_(~valid, 0.0)
+    d1 = d.sum(-1)
+    d2 = d.mul_(d).sum(-1)
+    sums = Sums(n, m, m2, s, a, d1, d2)
+    return sums if weigh is None else (sums, weighed)
+
+
+def normalized(r: Sums) -> Sums:
+    """float64 ``Sums`` with the conventions of empty rows (m = m2 = -inf, sums 0) and of
+    one-option rows (m2 = -inf) applied to raw sums."""
+    f64 = torch.float64
+    n = r.n.to(f64)
+    has, two = n > 0, n > 1
+    ninf = torch.tensor(float("-inf"), dtype=f64, device=n.device)
+    zero = torch.zeros((), dtype=f64, device=n.device)
+    return Sums(
+        n,
+        torch.where(has, r.m.to(f64), ninf),
+        torch.where(two, r.m2.to(f64), ninf),
+        torch.where(has, r.s.to(f64), zero),
+        torch.where(has, r.a.to(f64), zero),
+        torch.where(has, r.d1.to(f64), zero),
+        torch.where(has, r.d2.to(f64), zero),
+    )
+
+
+def single(z: torch.Tensor, present: torch.Tensor | None = None) -> Sums:
+    """``Sums`` of one option per row with logit z (row shape); ``present`` False: empty."""
+    z = z.to(torch.float64)
+    n = torch.ones_like(z) if present is None else present.to(torch.float64).expand_as(z)
+    ninf = torch.full_like(z, float("-inf"))
+    zero = torch.zeros_like(z)
+    return Sums(n, torch.where(n > 0, z, ninf), ninf, n.clone(), zero, zero, zero)
+
+
+def merge(x: Sums, y: Sums) -> Sums:
+    """The ``Sums`` of the union of two disjoint parts of each row (exact, no cancellation)."""
+    m = torch.maximum(x.m, y.m)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    dx = torch.where(x.n > 0, x.m - m_safe, torch.zeros_like(m))  # <= 0
+    dy = torch.where(y.n > 0, y.m - m_safe, torch.zeros_like(m))
+    ex, ey = dx.exp(), dy.exp()
+    return Sums(
+        n=x.n + y.n,
+        m=m,
+        m2=torch.maximum(torch.minimum(x.m, y.m), torch.maximum(x.m2, y.m2)),
+        s=x.s * ex + y.s * ey,
+        a=ex * (x.a + dx * x.s) + ey * (y.a + dy * y.s),
+        d1=x.d1 + x.n * dx + y.d1 + y.n * dy,
+        d2=x.d2 + 2 * dx * x.d1 + x.n * dx * dx + y.d2 + 2 * dy * y.d1 + y.n * dy * dy,
+    )
+
+
+def _softmax_stats(p: Sums) -> tuple[torch.Tensor, torch.Tensor]:
+    """(entropy, max_prob) of the softmax over a part's options."""
+    s = p.s.clamp(min=1e-300)
+    return s.log() - p.a / s, 1.0 / s
+
+
+def _logit_stats(k: Sums) -> tuple[torch.Tensor, torch.Tensor]:
+    """(population std, max - mean) of a part's logits."""
+    nf = k.n.clamp(min=1)
+    mean_d = k.d1 / nf  # mean - max
+    var = (k.d2 / nf - mean_d * mean_d).clamp(min=0)
+    return var.sqrt(), -mean_d
+
+
+def _peaked_entropy(entropy: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    b = beta_eff(entropy, n)
+    return b, (b > vocab.peaked_threshold(n.to(torch.float64))).to(torch.float64)
+
+
+def finish(
+    keys: Sums,
+    ok: torch.Tensor,
+    *,
+    first: torch.Tensor | None = None,
+    rest: Sums | None = None,
+    sink: torch.Tensor | None = None,
+    target_logit: torch.Tensor | None = None,
+) -> RowStats:
+    """Every statistic per row, float64, from the ``Sums`` of the row's keys (or vocabulary).
+
+    Args:
+        keys: sums over every visible option of the row (its logits).
+        ok: bool (row shape): rows to keep; rows with no option are dropped as well.
+        first: logit of the row's first visible key: adds ``first_key_prob``.
+        rest: sums over the visible keys but the first: adds the ``_xsink`` statistics (rows
+            with fewer than two such keys are skipped for them).
+        sink: a learned sink logit per row (gpt-oss): one more option of the softmax. It enters
+            the probabilities (entropy, entropy_norm and beta_eff over n + 1 options,
+            max_prob, first_key_prob) and adds ``sink_prob``; the logit statistics (logit_std,
+            logit_max_minus_mean, logit_top_gap, peaked) stay over the n real keys.
+        target_logit: the next token's logit (LM head; NaN where there is none): adds
+            ``loss``, ``target_prob``, ``target_logit_minus_mean``.
+    """
+    f64 = torch.float64
+    ok = ok & (keys.n > 0)
+    okf = ok.to(f64)
+    soft = keys if sink is None else merge(keys, single(sink.to(f64).expand_as(keys.m)))
+    n_opt = soft.n
+    entropy, max_prob = _softmax_stats(soft)
+    std, max_minus_mean = _logit_stats(keys)
+    two_opt = (ok & (n_opt > 1)).to(f64)
+    two_keys = (ok & (keys.n > 1)).to(f64)
+    log_n = n_opt.clamp(min=2).log()
+    b_eff, p_ent = _peaked_entropy(entropy, n_opt)
+    values = {
+        "entropy": entropy,
+        "entropy_norm": entropy / log_n,
+        "max_prob": max_prob,
+        "logit_std": std,
+        "logit_max_minus_mean": max_minus_mean,
+        "logit_top_gap": keys.m - keys.m2,
+        "peaked": (std > vocab.peaked_threshold(keys.n)).to(f64),
+    }
+    weight = {name: okf for name in values}
+    weight["entropy_norm"] = two_opt
+    weight["logit_top_gap"] = two_keys
+    lse = soft.m + soft.s.clamp(min=1e-300).log()
+    if first is not None:
+        values["first_key_prob"] = (first.to(f64) - lse).exp()
+        weight["first_key_prob"] = okf
+    if target_logit is not None:
+        zt = target_logit.to(f64)
+        tgt = (ok & ~torch.isnan(zt)).to(f64)
+        loss = lse - zt
+        values["loss"] = loss
+        values["target_prob"] = (-loss).exp()
+        values["target_logit_minus_mean"] = zt - (keys.m - max_minus_mean)
+        for name in ("loss", "target_prob", "target_logit_minus_mean"):
+            weight[name] = tgt
+    values[vocab.BETA_EFF] = b_eff
+    values[vocab.PEAKED_ENTROPY] = p_ent
+    weight[vocab.BETA_EFF] = weight[vocab.PEAKED_ENTROPY] = two_opt
+    if rest is not None:
+        x_ent, x_max = _softmax_stats(rest)
+        x_std, _ = _logit_stats(rest)
+        x_b, x_pe = _peaked_entropy(x_ent, rest.n)
+        x_vals = (x_ent, x_max, x_std, (x_std > vocab.peaked_threshold(rest.n)).to(f64), x_b, x_pe)
+        x_ok = (ok & (rest.n > 1)).to(f64)
+        for name, v in zip(XSINK_METRICS, x_vals, strict=True):
+            values[name] = v
+            weight[name] = x_ok
+    if sink is not None:
+        values[vocab.SINK_PROB] = (sink.to(f64).expand_as(lse) - lse).exp()
+        weight[vocab.SINK_PROB] = okf
+    # Zero out undefined entries so that NaN/inf never leak into sums.
+    zero = torch.zeros((), dtype=f64, device=okf.device)
+    for name, v in values.items():
+        values[name] = torch.where(weight[name] > 0, v, zero)
+    return RowStats(values=values, weight=weight)
 
 
 def row_stats(
@@ -58,73 +304,33 @@ def row_stats(
 
     Args:
         z: logits, shape ``(*R, N)`` (N options per row), already scaled/softcapped as the
-            model does; the computation runs in ``z.dtype``.
+            model does; the block passes run in ``z.dtype``, the per-row results in float64.
         valid: bool, broadcastable to ``z``: which options the row may use (masks applied).
         row_valid: bool, broadcastable to ``R``: rows to keep (e.g. not a padding query).
             Rows with no valid option are always dropped.
-        first_key: also report ``first_key_prob``, the probability on the row's first valid
-            option (the first real token in a left-padded batch).
-        target: int64 of shape ``R``: index of the next token, to report ``loss``,
+        first_key: also report ``first_key_prob`` and the ``_xsink`` statistics (the row's
+            first valid option left out; the first real token in a left-padded batch).
+        target: int64 of shape ``R``: index of the next token (-1: none), to report ``loss``,
             ``target_prob`` and ``target_logit_minus_mean`` (LM head).
     """
-    valid = valid.expand_as(z)
-    n = valid.sum(-1)  # (*R,)
-    ok = n > 0
+    rows = z.shape[:-1]
+    all_valid = bool(valid.all())
+    ok = torch.ones(rows, dtype=torch.bool, device=z.device)
     if row_valid is not None:
-        ok = ok & row_valid.expand_as(ok)
-    nf = n.to(z.dtype).clamp(min=1)
-    neg_inf = torch.tensor(float("-inf"), dtype=z.dtype, device=z.device)
-    zero = torch.zeros((), dtype=z.dtype, device=z.device)
-
-    z_masked = torch.where(valid, z, neg_inf)  # (*R, N)
-    top2 = z_masked.topk(min(2, z.shape[-1]), dim=-1).values  # (*R, 2)
-    zmax = torch.where(ok, top2[..., 0], zero)  # (*R,)
-    e = torch.exp(z_masked - zmax.unsqueeze(-1))  # (*R, N), 0 where invalid
-    s = e.sum(-1).clamp(min=torch.finfo(z.dtype).tiny)  # (*R,)
-    p = e / s.unsqueeze(-1)
-    z_zeroed = torch.where(valid, z, zero)
-    mean = z_zeroed.sum(-1) / nf
-    centered = torch.where(valid, z - mean.unsqueeze(-1), zero)
-    std = torch.sqrt((centered * centered).sum(-1) / nf)
-    lse = zmax + torch.log(s)
-    entropy = lse - (p * z_zeroed).sum(-1)
-    log_n = torch.log(nf)
-    two_plus = ok & (n > 1)
-
-    values = {
-        "entropy": entropy,
-        "entropy_norm": entropy / torch.where(two_plus, log_n, torch.ones_like(log_n)),
-        "max_prob": 1.0 / s,
-        "logit_std": std,
-        "logit_max_minus_mean": zmax - mean,
-        "logit_top_gap": (top2[..., 0] - top2[..., -1]) if z.shape[-1] > 1 else torch.zeros_like(zmax),
-        "peaked": (std > peaked_threshold(nf)).to(z.dtype),
-    }
-    okf = ok.to(z.dtype)
-    twof = two_plus.to(z.dtype)
-    weight = {name: okf for name in values}
-    weight["entropy_norm"] = twof
-    weight["logit_top_gap"] = twof
-    if first_key:
-        idx = valid.to(torch.int8).argmax(-1, keepdim=True)  # first True per row
-        values["first_key_prob"] = p.gather(-1, idx).squeeze(-1)
-        weight["first_key_prob"] = okf
+        ok = ok & row_valid.expand(rows)
+    zt = None
     if target is not None:
         t = target.clamp(min=0).unsqueeze(-1)
-        z_t = z.gather(-1, t).squeeze(-1)
-        loss = lse - z_t
-        values["loss"] = loss
-        values["target_prob"] = torch.exp(-loss)
-        values["target_logit_minus_mean"] = z_t - mean
-        tgt_ok = okf * (target >= 0).to(z.dtype)
-        for name in ("loss", "target_prob", "target_logit_minus_mean"):
-            weight[name] = tgt_ok
-    # Zero out undefined entries so that NaN/inf never leak into sums.
-    for name, v in values.items():
-        values[name] = torch.where(weight[name] > 0, v, zero)
-    return RowStats(values=values, weight=weight)
-
-
-def threshold_for(n: int) -> float:
-    """sqrt(2 ln n) for a plain integer number of options."""
-    return math.sqrt(2.0 * math.log(n)) if n > 1 else 0.0
+        zt = z.gather(-1, t).squeeze(-1).to(torch.float64)
+        tv = valid.expand_as(z).gather(-1, t).squeeze(-1)
+        zt = torch.where((target >= 0) & tv, zt, torch.full_like(zt, float("nan")))
+    if not first_key:
+        keys = block_sums(z, None if all_valid else valid)
+        return finish(keys, ok, target_logit=zt)
+    v = valid.expand_as(z)
+    idx = v.to(torch.int8).argmax(-1, keepdim=True)  # first True per row
+    present = v.gather(-1, idx).squeeze(-1)
+    zf = z.gather(-1, idx).squeeze(-1)
+    rest = block_sums(z, v.scatter(-1, idx, False))
+    keys = merge(rest, single(zf, present))
+    return finish(keys, ok, first=zf, rest=rest, target_logit=zt)

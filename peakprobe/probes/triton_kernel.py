@@ -1,7 +1,9 @@
 """Per-head attention statistics in one streaming Triton kernel (the optional GPU fast path).
 
-``attention_head_sums_triton`` is a drop-in for ``attention.attention_head_sums`` (same
-signature, same metrics, same row validity): one program per (batch, head, block of query rows)
+``kernel_head_sums`` computes the base statistics (``vocab.ATTN_METRICS``, same row validity
+as ``attention.attention_head_sums``); ``attention_head_sums_triton`` is the drop-in for
+``attention_head_sums`` (every metric: the torch path fills the ones the kernel lacks). One
+program per (batch, head, block of query rows)
 computes the block's logits against one key block at a time with ``tl.dot`` and folds them into
 per-row online recurrences, so no logits matrix is ever written to memory:
 
@@ -39,12 +41,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..vocab import ATTN_METRICS
 from .attention import MaskSpec, attention_head_sums
-from .rows import ATTN_METRICS
 
 _N_METRICS = 8
 if len(ATTN_METRICS) != _N_METRICS:  # the kernel writes the metrics in ATTN_METRICS order
-    raise RuntimeError("triton_kernel.py is out of date with rows.ATTN_METRICS")
+    raise RuntimeError("triton_kernel.py is out of date with vocab.ATTN_METRICS")
 
 
 class TritonKernelError(ValueError):
@@ -342,20 +344,59 @@ def attention_head_sums_triton(
     row_valid: torch.Tensor | None = None,
     chunk: int = 32,
     dtype: torch.dtype = torch.float32,
+    sinks: torch.Tensor | None = None,
+    position_bias: torch.Tensor | None = None,
 ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
-    """Per-head sums and row counts of every attention statistic, from one Triton kernel.
+    """Drop-in for ``attention_head_sums``: every attention statistic, the base ones
+    (``vocab.ATTN_METRICS``) from the kernel.
 
-    Same contract as ``attention_head_sums``: query (B, H, Tq, D), key (B, Hkv, Tk, D) with H a
-    multiple of Hkv, row_valid bool (B, Tq); returns (ATTN_METRICS, sums (H, M) float64,
+    The kernel does not compute the entropy-equivalent peakedness, the ``_xsink`` statistics,
+    learned sinks or a position bias: the torch path fills those (so this costs the torch
+    path plus the kernel), and runs alone for sinks, a position bias or a float64 request."""
+    kernel = None
+    if dtype != torch.float64 and sinks is None and position_bias is None:
+        kernel = kernel_head_sums(
+            query, key, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
+            chunk=chunk, dtype=dtype,
+        )  # fmt: skip (first: it checks the inputs)
+    names, sums, counts = attention_head_sums(
+        query, key, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
+        chunk=chunk, dtype=dtype, sinks=sinks, position_bias=position_bias,
+    )  # fmt: skip
+    if kernel is not None:
+        cols = [names.index(name) for name in ATTN_METRICS]
+        sums[:, cols] = kernel[1].to(sums.device)
+        counts[:, cols] = kernel[2].to(counts.device)
+    return names, sums, counts
+
+
+@torch.no_grad()
+def kernel_head_sums(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    scaling: float,
+    mask: MaskSpec,
+    softcap: float | None = None,
+    row_valid: torch.Tensor | None = None,
+    chunk: int = 32,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
+    """Per-head sums and row counts of the base attention statistics, from one Triton kernel.
+
+    Same inputs as ``attention_head_sums``: query (B, H, Tq, D), key (B, Hkv, Tk, D) with H a
+    multiple of Hkv, row_valid bool (B, Tq); returns (vocab.ATTN_METRICS, sums (H, M) float64,
     counts (H, M) float64). ``chunk`` sets the query rows per program (rounded up to a power
     of two in [16, 128]). ``dtype=torch.float64`` falls back to the torch path; any other
     dtype than float32 is refused. Logits and statistics are computed in float32.
     """
     if dtype == torch.float64:
-        return attention_head_sums(
+        names, sums, counts = attention_head_sums(
             query, key, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
             chunk=chunk, dtype=dtype,
         )  # fmt: skip
+        cols = [names.index(name) for name in ATTN_METRICS]
+        return ATTN_METRICS, sums[:, cols], counts[:, cols]
     if dtype != torch.float32:
         raise TritonKernelError(f"the Triton kernel computes in float32 or float64, not {dtype}")
     if query.dim() != 4 or key.dim() != 4:

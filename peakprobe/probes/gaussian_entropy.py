@@ -1,0 +1,234 @@
+"""The entropy-equivalent inverse temperature of a softmax row (torch only).
+
+``beta_eff(H, n)`` is the beta at which iid Gaussian logits z_i ~ N(0, beta^2) over n options
+have, in expectation, softmax entropy H. Peakedness as the random-energy model judges it is then
+``beta_eff > sqrt(2 ln n)``, read off the row's entropy instead of its logit std.
+
+The curve E[H](beta, n) has no closed form; it is tabulated once, deterministically (fixed seed),
+by ``compute_curve`` and shipped in ``_entropy_curve.py`` (regenerate with
+``python -m peakprobe.probes.gaussian_entropy``). The table holds the normalised entropy
+h = E[H] / ln n on a grid of b = beta / sqrt(2 ln n) for a grid of n. Between grid points the
+curve is linear in log n and in b; it is strictly decreasing in b (for every sample, the entropy
+of softmax(beta x) falls with beta), so it is inverted exactly per row (``searchsorted``, then
+the linear piece). Outside the table: an entropy at or above the b = 0 value (ln n, uniform)
+gives beta_eff = 0; an entropy below the last knot gives the last knot (b = ``B_GRID[-1]``);
+n above the largest tabulated n uses the largest n's normalised curve; n < 2 has no entropy
+and no beta_eff.
+
+How the expectation is computed (``compute_curve``): for n <= ``EXACT_N`` by plain Monte Carlo
+over full samples; above it, the top ``TOP_K`` values of each sample are drawn exactly (order
+statistics from uniform spacings, ``ndtri`` of the upper tail probabilities) and the remaining
+n - K values, iid N(0, 1) below the K-th value t, enter through their conditional expectation
+(truncated-normal moments: E[e^{bx}; x < t] = e^{b^2/2} Phi(t - b)). Common random numbers
+across beta keep every sample's curve monotone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import vocab
+
+#: n up to which full samples are drawn; above it the top values are exact and the rest averaged
+EXACT_N = 1024
+TOP_K = 512
+SEED = 20260301
+
+
+def _n_grid() -> list[int]:
+    grid, n = [2, 3], 4
+    while n <= 2**18:
+        grid += [n, n * 3 // 2] if n * 3 // 2 <= 2**18 and n >= 4 else [n]
+        n *= 2
+    return sorted(set(grid))
+
+
+def _b_grid() -> list[float]:
+    fine = [round(0.1 * i, 1) for i in range(21)]  # 0 .. 2
+    tail = [2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0]
+    return fine + tail
+
+
+def _entropy(z: torch.Tensor) -> torch.Tensor:
+    """Softmax entropy of each row of z, (..., n) -> (...)."""
+    d = z - z.amax(-1, keepdim=True)
+    e = d.exp()
+    s = e.sum(-1)
+    return s.log() - (e * d).sum(-1) / s
+
+
+def _curve_exact(n: int, betas: torch.Tensor, samples: int, g: torch.Generator) -> torch.Tensor:
+    out = torch.zeros_like(betas)
+    per = max(1, (1 << 20) // n)
+    done = 0
+    while done < samples:
+        r = min(per, samples - done)
+        x = torch.randn(r, n, generator=g, dtype=torch.float64)  # (R, n)
+        for j, beta in enumerate(betas.tolist()):
+            out[j] += _entropy(beta * x).sum()
+        done += r
+    return out / samples
+
+
+def _top_values(n: int, k: int, samples: int, g: torch.Generator) -> torch.Tensor:
+    """The k largest of n iid N(0, 1), descending, (samples, k): the k smallest of n uniforms are
+    Gamma_i / Gamma_{n+1} (cumulative sums of unit exponentials); the x are their upper-tail
+    quantiles. Gamma_{n+1} - Gamma_k ~ Gamma(n + 1 - k) by Wilson-Hilferty (a >> 1)."""
+    e = -torch.rand(samples, k, generator=g, dtype=torch.float64).log()  # Exp(1)
+    cum = e.cumsum(-1)  # (R, k)
+    a = float(n + 1 - k)
+    w = torch.randn(samples, 1, generator=g, dtype=torch.float64)
+    rest = a * (1 - 1 / (9 * a) + w * math.sqrt(1 / (9 * a))) ** 3
+    tail = cum / (cum[:, -1:] + rest)  # upper-tail probabilities, ascending
+    return -torch.special.ndtri(tail)  # (R, k), descending
+
+
+def _curve_top(n: int, betas: torch.Tensor, samples: int, g: torch.Generator) -> torch.Tensor:
+    x = _top_values(n, TOP_K, samples, g)  # (R, K)
+    x1, t = x[:, :1], x[:, -1:]  # (R, 1)
+    bulk = n - TOP_K
+    out = torch.zeros_like(betas)
+    d = x - x1
+    for j, beta in enumerate(betas.tolist()):
+        e = (beta * d).exp()  # (R, K)
+        # the bulk below t, relative to e^{beta x1}: (n - K) E[e^{beta x} | x < t] e^{-beta x1}
+        log_zb = (
+            math.log(bulk) + beta * beta / 2 - beta * x1
+            + torch.special.log_ndtr(t - beta) - torch.special.log_ndtr(t)
+        )  # fmt: skip
+        zb = log_zb.exp()
+        mills = (-0.5 * (t - beta) ** 2 - 0.5 * math.log(2 * math.pi) - torch.special.log_ndtr(t - beta)).exp()
+        db = beta - x1 - mills  # the bulk's tilted mean of x - x1
+        s = e.sum(-1, keepdim=True) + zb
+        a = (e * d).sum(-1, keepdim=True) + zb * db
+        out[j] = (s.log() - beta * a / s).mean()
+    return out
+
+
+def compute_curve(samples: int = 4096) -> tuple[list[int], list[float], list[list[float]]]:
+    """(n grid, b grid, h[n][b] = E[H] / ln n), deterministic (fixed seed)."""
+    ns, bs = _n_grid(), _b_grid()
+    g = torch.Generator().manual_seed(SEED)
+    table = []
+    for n in ns:
+        betas = torch.tensor(bs, dtype=torch.float64) * math.sqrt(2 * math.log(n))
+        if n <= EXACT_N:
+            h = _curve_exact(n, betas, max(samples // 4, (1 << 21) // n), g)
+        else:
+            h = _curve_top(n, betas, samples, g)
+        h = (h / math.log(n)).clamp(0.0, 1.0)
+        h[0] = 1.0  # beta = 0: uniform, exactly
+        h = torch.cummin(h, 0).values  # monotone up to sampling noise in the last digits
+        table.append([float(f"{v:.6g}") for v in h.tolist()])
+    return ns, bs, table
+
+
+_TABLE: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+
+def curve_table() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log n grid (Nn,), b grid (Nb,), h (Nn, Nb)) float64, from the shipped table."""
+    global _TABLE
+    if _TABLE is None:
+        from ._entropy_curve import B_GRID, H_TABLE, N_GRID
+
+        _TABLE = (
+            torch.tensor(N_GRID, dtype=torch.float64).log(),
+            torch.tensor(B_GRID, dtype=torch.float64),
+            torch.tensor(H_TABLE, dtype=torch.float64),
+        )
+    return _TABLE
+
+
+def _curves_at(log_n: torch.Tensor) -> torch.Tensor:
+    """The normalised curve h(b) at each log n, linear in log n between grid rows: (..., Nb)."""
+    ln_grid, _, h = curve_table()
+    ln_grid, h = ln_grid.to(log_n.device), h.to(log_n.device)
+    x = log_n.clamp(ln_grid[0], ln_grid[-1])
+    i = torch.searchsorted(ln_grid, x.contiguous(), right=True).clamp(1, len(ln_grid) - 1)
+    w = ((x - ln_grid[i - 1]) / (ln_grid[i] - ln_grid[i - 1])).unsqueeze(-1)
+    return h[i - 1] * (1 - w) + h[i] * w
+
+
+def expected_entropy(beta: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """The tabulated E[H] of softmax(beta x), x ~ N(0, I_n), per element (n >= 2)."""
+    n = n.to(torch.float64)
+    log_n = n.log()
+    _, b_grid, _ = curve_table()
+    b_grid = b_grid.to(n.device)
+    curves = _curves_at(log_n)  # (..., Nb)
+    b = (beta.to(torch.float64) / vocab.peaked_threshold(n)).clamp(0, b_grid[-1].item())
+    j = torch.searchsorted(b_grid, b.unsqueeze(-1).contiguous(), right=True).clamp(1, len(b_grid) - 1)
+    lo, hi = curves.gather(-1, j - 1), curves.gather(-1, j)
+    t = (b.unsqueeze(-1) - b_grid[j - 1]) / (b_grid[j] - b_grid[j - 1])
+    return ((lo + (hi - lo) * t).squeeze(-1)) * log_n
+
+
+def beta_eff(entropy: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """The inverse temperature at which Gaussian logits over n options have this entropy.
+
+    entropy, n: broadcastable (n >= 2 where the result is used; other entries give 0). The
+    result is float64, in [0, B_GRID[-1] * sqrt(2 ln n)] (clamped outside the table, see the
+    module docstring). Per row, a binary search over the knots of the row's curve (the two
+    tabulated n around it, combined on the fly), then the root of the linear piece."""
+    entropy, n = torch.broadcast_tensors(entropy.to(torch.float64), n.to(torch.float64))
+    n = n.clamp(min=2)
+    log_n = n.log()
+    ln_grid, b_grid, table = curve_table()
+    ln_grid, b_grid = ln_grid.to(n.device), b_grid.to(n.device)
+    flat = table.to(n.device).reshape(-1)
+    nb = b_grid.numel()
+    x = log_n.clamp(ln_grid[0], ln_grid[-1])
+    i = torch.searchsorted(ln_grid, x.contiguous(), right=True, out_int32=True)
+    i = i.clamp(1, len(ln_grid) - 1)
+    shape = i.shape
+
+    def take(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # table[idx], fast on CPU
+        return table.index_select(0, idx.reshape(-1)).view(shape)
+
+    ln0, ln1 = take(ln_grid, i - 1), take(ln_grid, i)
+    w = (x - ln0) / (ln1 - ln0)
+    row0, row1 = (i - 1) * nb, i * nb
+
+    def curve(j: torch.Tensor) -> torch.Tensor:  # the row's normalised curve at knot j
+        lo_v, hi_v = take(flat, row0 + j), take(flat, row1 + j)
+        return lo_v + (hi_v - lo_v) * w
+
+    h = entropy / log_n
+    lo = torch.zeros_like(i)  # curve(lo) >= h (when h <= 1)
+    hi = torch.full_like(i, nb - 1)
+    for _ in range(max(1, (nb - 1).bit_length())):
+        mid = (lo + hi + 1) >> 1
+        above = curve(mid) >= h
+        lo = torch.where(above, mid, lo)
+        hi = torch.where(above, hi, mid - 1)
+    j = lo.clamp(max=nb - 2)
+    c0, c1 = curve(j), curve(j + 1)
+    t = ((c0 - h) / (c0 - c1).clamp(min=1e-300)).clamp(0.0, 1.0)
+    b0, b1 = take(b_grid, j), take(b_grid, j + 1)
+    b = b0 + (b1 - b0) * t
+    b = torch.where(h >= 1.0, torch.zeros_like(b), b)
+    return b * vocab.peaked_threshold(n)
+
+
+def _write_table(path: str) -> None:
+    ns, bs, table = compute_curve()
+    rows = ",\n".join("    (" + ", ".join(repr(v) for v in row) + ",)" for row in table)
+    text = (
+        '"""Generated by ``python -m peakprobe.probes.gaussian_entropy``: E[H] / ln n of softmax(beta x),\n'
+        "x ~ N(0, I_n), at b = beta / sqrt(2 ln n) (B_GRID) for each n (N_GRID). Do not edit.\"\"\"\n\n"
+        "# fmt: off\n"
+        f"N_GRID = {tuple(ns)!r}\n"
+        f"B_GRID = {tuple(bs)!r}\n"
+        f"H_TABLE = (\n{rows},\n)\n"
+    )
+    with open(path, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    import os
+
+    _write_table(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_entropy_curve.py"))
