@@ -60,39 +60,65 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
                    help="learning-rate schedule giving tau: JSON, CSV (step, lr; W&B export) or trainer_state.json")
 
 
+def _api_default(name: str):
+    """A keyword default of ``api.sweep`` (data options): the one source, read, not repeated."""
+    import inspect
+
+    from . import api
+
+    return inspect.signature(api.sweep).parameters[name].default
+
+
 def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+    from .config import (
+        BACKENDS,
+        HEAD_GAIN_MODES,
+        STATS_DTYPES,
+        WEIGHT_DTYPES,
+        ProbeConfig,
+        SweepConfig,
+    )
+    from .config import default as d
+
     _add_selection(p)
-    d = p.add_argument_group("evaluation data")
-    d.add_argument("--data", default="embedded",
-                   help="'embedded', a .txt/.jsonl file, or hf:NAME[:CONFIG]:SPLIT (default embedded)")
-    d.add_argument("--text-field", default="text", help="JSONL / dataset text field (default text)")
-    d.add_argument("--n-windows", type=int, default=64, help="evaluation windows (default 64)")
-    d.add_argument("--window", type=int, default=None,
+    g = p.add_argument_group("evaluation data")
+    g.add_argument("--data", default=_api_default("data"),
+                   help="'embedded', a .txt/.jsonl file, or hf:NAME[:CONFIG]:SPLIT (default %(default)s)")
+    g.add_argument("--text-field", default=_api_default("text_field"),
+                   help="JSONL / dataset text field (default %(default)s)")
+    g.add_argument("--n-windows", type=int, default=_api_default("n_windows"),
+                   help="evaluation windows (default %(default)s)")
+    g.add_argument("--window", type=int, default=_api_default("window"),
                    help="tokens per window (default 1024, clamped to the model's maximum positions)")
-    d.add_argument("--layout", choices=["document", "packed"], default="document",
+    g.add_argument("--layout", choices=["document", "packed"], default=_api_default("layout"),
                    help="one document per window, right-padded (default, as the 1/3 papers), or "
                    "documents packed into full windows")
-    d.add_argument("--tokenizer", help="tokenizer folder (default: the checkpoint's own)")
+    g.add_argument("--tokenizer", help="tokenizer folder (default: the checkpoint's own)")
     m = p.add_argument_group("loading and probing")
-    m.add_argument("--batch-size", type=int, default=8)
-    m.add_argument("--dtype", default="float32", help="weights dtype: float32, bfloat16, float16, float64, auto")
-    m.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    m.add_argument("--batch-size", type=int, default=d(SweepConfig, "batch_size"),
+                   help="windows per forward pass (default %(default)s)")
+    m.add_argument("--dtype", default=d(SweepConfig, "dtype"),
+                   help=f"weights dtype: auto, {', '.join(WEIGHT_DTYPES)} (default %(default)s)")
+    m.add_argument("--device", default=d(SweepConfig, "device"), help="auto, cpu, cuda, cuda:1 ...")
     m.add_argument("--device-map", help="'auto' to spread a large checkpoint over devices")
     m.add_argument("--allow-pickle", action="store_true", help="accept pickle (.bin) weights")
     m.add_argument("--trust-remote-code", action="store_true")
-    m.add_argument("--chunk", type=int, default=32, help="query rows per logits block (default 32, fastest on CPU)")
-    m.add_argument("--stats-dtype", choices=["float32", "float64"], default="float32")
+    m.add_argument("--chunk", type=int, default=d(ProbeConfig, "chunk"),
+                   help="query rows per logits block (default %(default)s, fastest on CPU)")
+    m.add_argument("--stats-dtype", choices=STATS_DTYPES, default=d(ProbeConfig, "dtype"))
     m.add_argument("--no-sensitivity", action="store_true",
                    help="skip the attribution (d loss / d log beta, curvature, optimal-temperature gain "
                    "per site); same as --attribution-windows 0")
-    m.add_argument("--attribution-windows", type=int, default=4, metavar="N",
-                   help="run the attribution on the first N evaluation windows (default 4; 0 = off)")
-    m.add_argument("--head-gains", choices=["estimate", "search", "off"], default="estimate",
+    m.add_argument("--attribution-windows", type=int, default=d(ProbeConfig, "attribution_windows"),
+                   metavar="N",
+                   help="run the attribution on the first N evaluation windows (default %(default)s; 0 = off)")
+    m.add_argument("--head-gains", choices=HEAD_GAIN_MODES, default=d(ProbeConfig, "attribution_heads"),
                    help="single heads' gains: the local quadratic estimate (default, one loss "
                    "evaluation a head), the exact search (about six), or off (sensitivity only)")
-    m.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
+    m.add_argument("--backend", choices=BACKENDS, default=d(ProbeConfig, "backend"))
     m.add_argument("--fused-attention", action="store_true",
-                   help="attention outputs from the probe's own scores (faster; not bit-identical)")
+                   help="compute attention outputs from the probe's own scores (QK^T once; outputs "
+                   "within rounding of eager, not bit-identical; off by default)")
     m.add_argument("--no-prefetch", action="store_true", help="do not load the next checkpoint ahead")
     p.add_argument("--processes", type=int, default=1, help="split checkpoints over N local processes")
     p.add_argument("--shard", metavar="K/N",
@@ -114,7 +140,8 @@ def _band(text: str) -> tuple[float, float]:
 
 def _add_fit_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fitting")
-    g.add_argument("--time-axis", choices=["auto", "tau", "step"], default="auto")
+    g.add_argument("--time-axis", choices=["auto", "tau", "step"],
+                   help="tau when every checkpoint has one (default auto), or step")
     g.add_argument("--t-min", type=float, help="window start in time-axis units (default: the "
                    "family's start step, e.g. 512 for Pythia, else past warmup)")
     g.add_argument("--t-max", type=float, help="window end in time-axis units (default: last checkpoint)")
@@ -122,8 +149,8 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--t-max-step", type=int, help="window end as a step")
     g.add_argument("--band", type=_band, default=None, metavar="LO,HI",
                    help="equivalence band around 1/3 for the verdicts (default 0.25,0.42)")
-    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--n-boot", type=int, help="bootstrap resamples (default: fit_run's, 1000)")
+    g.add_argument("--seed", type=int, help="bootstrap seed (default: fit_run's, 0)")
 
 
 # -- compare and fit-curve: families of runs, external loss curves ------------------------------
@@ -268,14 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sweep_kwargs(args, command: str) -> dict:
-    from .hooks import ProbeConfig
-    from .sweep import SweepConfig
+    from .config import ProbeConfig, SweepConfig
 
     probe = ProbeConfig(chunk=args.chunk, dtype=args.stats_dtype,
                         sensitivity=not args.no_sensitivity, backend=args.backend,
                         attribution_windows=args.attribution_windows,
-                        attribution_heads=args.head_gains)
-    probe.fused = bool(getattr(args, "fused_attention", False))
+                        attribution_heads=args.head_gains, fused=args.fused_attention)
     config = SweepConfig(
         batch_size=args.batch_size, dtype=args.dtype, device=args.device, device_map=args.device_map,
         allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
@@ -292,12 +317,11 @@ def _sweep_kwargs(args, command: str) -> dict:
 
 
 def _fit_kwargs(args) -> dict:
-    from .vocab import BAND
-
-    return dict(time_axis=args.time_axis, t_min=args.t_min, t_max=args.t_max,
-                t_min_step=args.t_min_step, t_max_step=args.t_max_step,
-                band=args.band or BAND, n_boot=args.n_boot, seed=args.seed,
-                progress=not args.quiet)
+    """What the user set; everything else takes ``fit_run``'s own defaults (one source)."""
+    given = dict(time_axis=args.time_axis, t_min=args.t_min, t_max=args.t_max,
+                 t_min_step=args.t_min_step, t_max_step=args.t_max_step, band=args.band,
+                 n_boot=args.n_boot, seed=args.seed)
+    return {**{k: v for k, v in given.items() if v is not None}, "progress": not args.quiet}
 
 
 def _say(args, text: str) -> None:

@@ -37,9 +37,11 @@ from . import results
 from .checkpoints_index import Checkpoint, CheckpointSequence
 from .checkpoints_index.cache import cached_refs, delete_cached_revisions, hub_cache_dir
 from .checkpoints_index.integrity import integrity_record
+from .config import ConfigError, ProbeConfig, SweepConfig
 from .data import DataError, EvalData
-from .hooks import ProbeConfig, UnsupportedModelError, attach
+from .hooks import UnsupportedModelError, attach
 from .hooks.attribution import attribute
+from .hooks.search import describe_attribution
 from .version import __version__
 
 DTYPES = {
@@ -50,36 +52,8 @@ DTYPES = {
 }
 
 
-class SweepError(ValueError):
+class SweepError(ConfigError):
     """A sweep cannot start: a changed configuration, pickle weights, a bad option."""
-
-
-@dataclass
-class SweepConfig:
-    """How checkpoints are loaded and run.
-
-    dtype: weights dtype (``float32``, ``bfloat16``, ``float16``, ``float64`` or ``auto`` for
-    the checkpoint's own). device: ``auto`` (the process's accelerator if any, else CPU),
-    ``cpu`` or ``cuda[:i]``. device_map: ``auto`` spreads large checkpoints over the available
-    devices (accelerate). allow_pickle: accept ``pytorch_model.bin`` weights (they can run code).
-    local_files_only: read hub revisions from the HF cache only (offline, or hub unreachable).
-    """
-
-    batch_size: int = 8
-    dtype: str = "float32"
-    device: str = "auto"
-    device_map: str | None = None
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
-    prefetch: bool = True
-    local_files_only: bool = False
-    probe: ProbeConfig = field(default_factory=ProbeConfig)
-
-    def __post_init__(self) -> None:
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise SweepError(f"unknown dtype {self.dtype!r}; use one of auto, {', '.join(DTYPES)}")
-        if self.batch_size < 1:
-            raise SweepError(f"batch size must be >= 1, got {self.batch_size}")
 
 
 @dataclass
@@ -201,6 +175,14 @@ def _identity(manifest: dict) -> dict:
     return {k: manifest.get(k) for k in ("format", "model", "source", "checkpoints", "data", "probe", "load")}
 
 
+def _describe_probe(probe: ProbeConfig) -> dict:
+    """The manifest's probe entry, with the attribution method spelled out."""
+    out = probe.describe()
+    if probe.attribution:
+        out["attribution"] = describe_attribution(probe.attribution_windows, probe.attribution_heads)
+    return out
+
+
 def build_manifest(seq: CheckpointSequence, data: EvalData, config: SweepConfig, command: str | None) -> dict:
     import transformers
 
@@ -213,7 +195,7 @@ def build_manifest(seq: CheckpointSequence, data: EvalData, config: SweepConfig,
         "schedule": None if seq.schedule is None else seq.schedule.to_json(),
         "checkpoints": [c.to_dict() for c in seq],
         "data": data.describe(),
-        "probe": config.probe.describe(),
+        "probe": _describe_probe(config.probe),
         "load": {"dtype": config.dtype, "trust_remote_code": config.trust_remote_code},
         "versions": {
             "peakprobe": __version__,

@@ -18,7 +18,6 @@ import itertools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -26,6 +25,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..config import ProbeConfig
 from ..probes import (
     Accumulator,
     MaskSpec,
@@ -34,72 +34,12 @@ from ..probes import (
     attention_head_sums,
     row_stats,
 )
-from .search import describe_attribution
 
 _names = itertools.count()
 
 
 class UnsupportedModelError(ValueError):
     """The model's softmaxes cannot be reached through the attention interface."""
-
-
-@dataclass
-class ProbeConfig:
-    """What to measure and how.
-
-    chunk: query rows per block of attention logits (memory is O(chunk x T) per head).
-    dtype: precision of the logits and statistics ("float32", or "float64" for exact checks).
-    sensitivity: run the attribution (d loss / d log beta, curvature, optimal-temperature gain
-        per site; ``peakprobe.hooks.attribution``) when a model is probed over windows
-        (``sweep.probe_model``); ``attach`` itself never does.
-    attribution_windows: the first N evaluation windows the attribution runs on (0 = off).
-    attribution_heads: single heads' gains: "estimate" (the local quadratic estimate, one
-        loss evaluation a head), "search" (the exact 1-D search, about six), "off" (sensitivity
-        only).
-    backend: "torch", "triton" (forced; on CPU it needs TRITON_INTERPRET=1) or "auto" (the
-        Triton kernel for CUDA tensors when triton is installed, torch otherwise).
-    lm_chunk: token positions per block of LM-head logits.
-    fused: compute each attention output from the probe's own scores (QK^T once; outputs
-        within float rounding of eager attention, not bit-identical to the model's own path).
-        Off by default: the model's attention function then runs unchanged.
-    """
-
-    chunk: int = 32
-    dtype: str = "float32"
-    sensitivity: bool = True
-    backend: str = "auto"
-    lm_chunk: int = 512
-    attribution_windows: int = 4
-    attribution_heads: str = "estimate"
-    fused: bool = False
-
-    def __post_init__(self) -> None:
-        if self.attribution_windows < 0:
-            raise ValueError(f"attribution windows must be >= 0, got {self.attribution_windows}")
-        if self.attribution_heads not in ("estimate", "search", "off"):
-            raise ValueError("attribution heads must be estimate, search or off, got "
-                             f"{self.attribution_heads!r}")
-
-    @property
-    def attribution(self) -> bool:
-        """Whether ``probe_model`` runs the attribution pass."""
-        return self.sensitivity and self.attribution_windows > 0
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return {"float32": torch.float32, "float64": torch.float64}[self.dtype]
-
-    def describe(self) -> dict:
-        return {
-            "chunk": self.chunk,
-            "dtype": self.dtype,
-            "sensitivity": self.sensitivity,
-            "backend": self.backend,
-            "lm_chunk": self.lm_chunk,
-            "attribution": describe_attribution(self.attribution_windows, self.attribution_heads)
-            if self.attribution else None,
-            "fused": self.fused,
-        }
 
 
 def _softmax_kwargs(module, query, key, attention_mask, kwargs: dict) -> dict:
