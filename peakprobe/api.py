@@ -132,11 +132,14 @@ def sweep(
 
     from .checkpoints_index import select_available
     from .data import DataError, load_eval_data, window_for
-    from .sweep import SweepConfig, load_config, load_tokenizer, parse_shard
+    from .sweep import SweepConfig, SweepError, load_config, load_tokenizer, parse_shard
     from .sweep import sweep as run_sweep
 
     if isinstance(shard, str):
         shard = parse_shard(shard)
+    if shard is not None and force:  # checked before anything is read or said
+        raise SweepError("--force with --shard would discard the other shards' results; "
+                         "remove the run directory first instead")
     full = _resolve(source, schedule)
     hub = any(c.path is None for c in full)
     if hub and data == "embedded":
