@@ -89,8 +89,7 @@ def _default_model(task: str = LM_HEAD_TASK) -> TinyLMConfig:
     if task == ATTENTION_TASK:
         return TinyLMConfig(n_heads=2, steps=800, lr_max=3e-3, **common)
     if task == TEACHER_TASK:
-        # content-based attention: one layer, rotary on only 1/8 of each head so that the
-        # query-key form can be (almost) position-free
+        # content-based attention: one layer, rotary on only 1/8 of the head so that the
         # query-key form can be (almost) position-free; one 64-wide head copies 63 tokens
         return replace(TinyLMConfig(n_heads=1, steps=800, lr_max=3e-3, **common),
                        n_layers=1, rotary_pct=0.125, seq_len=TEACHER_SEQ_LEN)
@@ -119,8 +118,7 @@ class PlantedConfig:
         if task == ATTENTION_TASK:
             return cls(task=task, n_tokens=ATTENTION_TOKENS, model=_default_model(task))
         if task == TEACHER_TASK:
-            return cls(task=task, n_tokens=TEACHER_TOKENS, teacher_beta=TEACHER_BETA,
-                       model=_default_model(task))
+            return cls(task=task, n_tokens=TEACHER_TOKENS, model=_default_model(task))
         return cls(task=task, model=_default_model(task))
 
     @classmethod
