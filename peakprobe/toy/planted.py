@@ -1,6 +1,6 @@
 """Planted bottlenecks: tiny GPT-NeoX checkpoint sequences whose bottleneck softmax is known.
 
-Two synthetic tasks over ``n_tokens`` word tokens ``w0 .. w{n-1}`` (plus ``<unk>``, id 0, which
+Three synthetic tasks over ``n_tokens`` word tokens ``w0 .. w{n-1}`` (plus ``<unk>``, id 0, which
 never occurs), each trained as a checkpoint sequence like ``peakprobe.toy.tiny_lm`` writes:
 
 * ``lm_head`` (successor chain): ``x[t+1] = f(x[t])`` with ``f`` a fixed random permutation of
@@ -13,6 +13,15 @@ never occurs), each trained as a checkpoint sequence like ``peakprobe.toy.tiny_l
   head dimension makes that expressible); the Bayes-optimal next-token distribution then puts
   ``1 - noise + noise / n`` on the copied token and ``noise / n`` on each other one, whose
   logit std is about ``ln(n (1 - noise) / noise + 1) / sqrt(n)``, far below ``sqrt(2 ln n)``.
+
+* ``teacher_attention`` (a teacher's peaked attention, copied): a fixed teacher scores every
+  query-key token pair, ``S[q, k] = e(q)^T A e(k) / sigma_q`` (Gaussian token embeddings ``e``,
+  a Gaussian bilinear form ``A`` of rank ``teacher_rank``, each query's scores of std 1). ``x[0]``
+  is uniform; ``x[t+1]`` is, with probability ``1 - noise``, the token ``x[s]`` at a position
+  ``s <= t`` drawn from the teacher's attention ``w_s ∝ exp(teacher_beta * S[x[t], x[s]])``
+  (peaked: logit std ``teacher_beta``), else uniform. The Bayes next-token distribution is
+  ``noise / n + (1 - noise) * sum_s w_s [x[s] = y]``: the student's attention must match a
+  peaked, content-based teacher attention, while the LM head's target stays far from peaked.
 
 ``train_planted(out_dir, config)`` writes
 
@@ -48,7 +57,9 @@ from peakprobe.vocab import BOTTLENECK_ATTENTION, BOTTLENECK_LM_HEAD
 
 LM_HEAD_TASK = "lm_head"
 ATTENTION_TASK = "attention"
-TASKS: tuple[str, ...] = (LM_HEAD_TASK, ATTENTION_TASK)
+TEACHER_TASK = "teacher_attention"
+TASKS: tuple[str, ...] = (LM_HEAD_TASK, ATTENTION_TASK, TEACHER_TASK)
+OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd")
 UNK = "<unk>"
 MARKER = "planted.json"
 SCHEDULE = "schedule.json"
@@ -63,6 +74,11 @@ class PlantedError(ValueError):
 
 
 ATTENTION_TOKENS = 31  # <= head_dim: one head's value/output path can copy every token exactly
+# teacher_attention: 63 tokens in 32-token windows, so a context holds about 25 distinct tokens
+# and the teacher's choice depends on the context, not on the query token alone
+TEACHER_TOKENS = 63
+TEACHER_SEQ_LEN = 32
+TEACHER_BETA = 30.0  # teacher logit std over the vocabulary, far above sqrt(2 ln 32) = 2.6
 
 
 def _default_model(task: str = LM_HEAD_TASK) -> TinyLMConfig:
@@ -72,6 +88,11 @@ def _default_model(task: str = LM_HEAD_TASK) -> TinyLMConfig:
                   n_checkpoints=32)
     if task == ATTENTION_TASK:
         return TinyLMConfig(n_heads=2, steps=800, lr_max=3e-3, **common)
+    if task == TEACHER_TASK:
+        # content-based attention: one layer, rotary on only 1/8 of the head so that the
+        # query-key form can be (almost) position-free; one 64-wide head copies 63 tokens
+        return replace(TinyLMConfig(n_heads=1, steps=800, lr_max=3e-3, **common),
+                       n_layers=1, rotary_pct=0.125, seq_len=TEACHER_SEQ_LEN)
     # the successor chain is learned fast: a lower rate and a short run keep the loss above
     # float32 resolution (it decays exponentially once the map is learned)
     return TinyLMConfig(n_heads=4, steps=500, lr_max=1e-3, **common)
@@ -85,14 +106,19 @@ class PlantedConfig:
     n_tokens: int = 127
     lag: int = 4
     noise: float = 0.5
-    task_seed: int = 0  # picks the successor permutation
+    task_seed: int = 0  # picks the successor permutation / the teacher's scores
+    teacher_beta: float = TEACHER_BETA  # teacher_attention: the teacher's logit std over the vocabulary
+    teacher_rank: int = 8  # teacher_attention: rank of the teacher's bilinear form
+    optimizer: str = "adamw"  # "adamw" (betas, weight decay of the model config) or "sgd" (momentum 0.9)
     model: TinyLMConfig = field(default_factory=_default_model)
 
     @classmethod
     def for_task(cls, task: str) -> PlantedConfig:
         """The documented run of ``task`` (docs/planted.md)."""
         if task == ATTENTION_TASK:
-            return cls(task=task, n_tokens=ATTENTION_TOKENS, model=_default_model(ATTENTION_TASK))
+            return cls(task=task, n_tokens=ATTENTION_TOKENS, model=_default_model(task))
+        if task == TEACHER_TASK:
+            return cls(task=task, n_tokens=TEACHER_TOKENS, model=_default_model(task))
         return cls(task=task, model=_default_model(task))
 
     @classmethod
@@ -117,8 +143,15 @@ class PlantedConfig:
         if self.task == ATTENTION_TASK:
             if not 2 <= self.lag < self.seq_len:
                 raise PlantedError(f"lag must be in [2, seq_len={self.seq_len}), got {self.lag}")
-            if not 0 <= self.noise < 1:
-                raise PlantedError(f"noise must be in [0, 1), got {self.noise}")
+        if self.task in (ATTENTION_TASK, TEACHER_TASK) and not 0 <= self.noise < 1:
+            raise PlantedError(f"noise must be in [0, 1), got {self.noise}")
+        if self.optimizer not in OPTIMIZERS:
+            raise PlantedError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.task == TEACHER_TASK:
+            if not self.teacher_beta > 0:
+                raise PlantedError(f"teacher_beta must be > 0, got {self.teacher_beta}")
+            if not 1 <= self.teacher_rank < self.n_tokens:
+                raise PlantedError(f"teacher_rank must be in [1, n_tokens={self.n_tokens}), got {self.teacher_rank}")
         try:
             self.model.validate()
         except ValueError as err:
@@ -143,7 +176,7 @@ def successor_map(n_tokens: int, seed: int) -> np.ndarray:
 def generate(config: PlantedConfig, n_seqs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """``n_seqs`` task sequences: token indices (N, T) in ``[0, n_tokens)`` and a bool (N, T)
     mask, True where the token is determined by the planted rule (successor of the previous
-    token, or a copy of the token ``lag`` back)."""
+    token, a copy of the token ``lag`` back, or a copy drawn by the teacher's attention)."""
     n, t = config.n_tokens, config.seq_len
     if config.task == LM_HEAD_TASK:
         succ = successor_map(n, config.task_seed)
@@ -154,11 +187,71 @@ def generate(config: PlantedConfig, n_seqs: int, rng: np.random.Generator) -> tu
         ruled = np.ones((n_seqs, t), dtype=bool)
         ruled[:, 0] = False
         return x, ruled
+    if config.task == TEACHER_TASK:
+        return _generate_teacher(config, n_seqs, rng)
     x = rng.integers(n, size=(n_seqs, t))  # (N, T) fresh tokens
     ruled = rng.random((n_seqs, t)) >= config.noise  # (N, T)
     ruled[:, : config.lag] = False
     for j in range(config.lag, t):  # in order: the source may itself be a copy
         x[:, j] = np.where(ruled[:, j], x[:, j - config.lag], x[:, j])
+    return x, ruled
+
+
+def teacher_scores(config: PlantedConfig) -> np.ndarray:
+    """The teacher's query-key scores S (n, n) float64: S[q, k] = e(q)^T A e(k) / sigma_q.
+
+    e (n, r) are centred Gaussian token embeddings and A (r, r) a Gaussian bilinear form, so S
+    has rank ``teacher_rank``; each row is divided by its std, so every query's scores over the
+    vocabulary have mean 0 and std 1 and ``teacher_beta * S`` has logit std ``teacher_beta``.
+    """
+    rng = np.random.default_rng([config.task_seed, 11])
+    e = rng.standard_normal((config.n_tokens, config.teacher_rank))  # (n, r)
+    e -= e.mean(axis=0)
+    a = rng.standard_normal((config.teacher_rank, config.teacher_rank))  # (r, r)
+    s = e @ a @ e.T  # (n, n), rows sum to 0 since e is centred
+    return s / s.std(axis=1, keepdims=True)
+
+
+def teacher_attention(config: PlantedConfig, context: np.ndarray) -> np.ndarray:
+    """The teacher's attention of the last position over the context: (N, t) float64 rows
+    summing to 1, softmax over keys s of ``teacher_beta * S[x_last, x_s]``."""
+    scores = teacher_scores(config)
+    z = config.teacher_beta * scores[context[:, -1:], context]  # (N, t)
+    z -= z.max(axis=1, keepdims=True)
+    w = np.exp(z)
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def next_token_distribution(config: PlantedConfig, context: np.ndarray) -> np.ndarray:
+    """teacher_attention: the Bayes next-token distribution after ``context`` (N, t), (N, n):
+    ``noise / n + (1 - noise) * sum_s w_s [x_s = y]``."""
+    w = teacher_attention(config, context)  # (N, t)
+    copy = np.zeros((context.shape[0], config.n_tokens))  # (N, n)
+    np.add.at(copy, (np.arange(context.shape[0])[:, None], context), w)
+    return config.noise / config.n_tokens + (1 - config.noise) * copy
+
+
+def sample_next(config: PlantedConfig, context: np.ndarray,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """teacher_attention: one next token (N,) after each context (N, t) and whether it was
+    copied (N,) bool: with probability 1 - noise the token at a position drawn from the
+    teacher's attention (Gumbel-max), else a uniform token."""
+    n_seqs, t = context.shape
+    z = config.teacher_beta * teacher_scores(config)[context[:, -1:], context]  # (N, t)
+    source = (z + rng.gumbel(size=(n_seqs, t))).argmax(axis=1)  # (N,) position s ~ w
+    copied = context[np.arange(n_seqs), source]
+    fresh = rng.integers(config.n_tokens, size=n_seqs)
+    copy = rng.random(n_seqs) >= config.noise
+    return np.where(copy, copied, fresh), copy
+
+
+def _generate_teacher(config: PlantedConfig, n_seqs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """teacher_attention sequences: (N, T) tokens and the (N, T) mask of copied tokens."""
+    x = np.empty((n_seqs, config.seq_len), dtype=np.int64)  # (N, T)
+    ruled = np.zeros((n_seqs, config.seq_len), dtype=bool)  # (N, T)
+    x[:, 0] = rng.integers(config.n_tokens, size=n_seqs)
+    for j in range(1, config.seq_len):
+        x[:, j], ruled[:, j] = sample_next(config, x[:, :j], rng)
     return x, ruled
 
 
@@ -198,6 +291,11 @@ def bayes_loss(config: PlantedConfig) -> float:
     n, t = config.n_tokens, config.seq_len
     if config.task == LM_HEAD_TASK:
         return 0.0
+    if config.task == TEACHER_TASK:  # Monte Carlo over fixed sequences (no closed form)
+        x, _ = generate(config, 512, np.random.default_rng([config.task_seed, 13]))
+        nll = [-np.log(next_token_distribution(config, x[:, : j + 1])[np.arange(len(x)), x[:, j + 1]])
+               for j in range(t - 1)]
+        return float(np.mean(nll))
     hit = 1 - config.noise + config.noise / n
     mixed = -(hit * np.log(hit) + (n - 1) * (config.noise / n) * np.log(config.noise / n))
     unpredictable = config.lag - 1  # targets x[1 .. lag-1] have no source in the window
@@ -299,8 +397,12 @@ def _train_loop(out: Path, config: PlantedConfig, progress: bool) -> None:
     model = GPTNeoXForCausalLM(model_config(cfg, tokenizer))
     model.set_attn_implementation("sdpa")
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr_max, betas=cfg.betas, eps=1e-8,
-                                  weight_decay=cfg.weight_decay)
+    if config.optimizer == "sgd":  # gradient-proportional steps: the regime of the 1/3 law
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr_max, momentum=0.9,
+                                    weight_decay=cfg.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr_max, betas=cfg.betas, eps=1e-8,
+                                      weight_decay=cfg.weight_decay)
     save_steps = set(cfg.checkpoint_steps())
     write_json(out / SCHEDULE, cfg.schedule())
     if 0 in save_steps:
