@@ -72,12 +72,6 @@ class ProbeConfig:
         """Whether ``probe_model`` runs the attribution pass."""
         return self.sensitivity and self.attribution_windows > 0
 
-    @property
-    def torch_dtype(self):
-        import torch
-
-        return {"float32": torch.float32, "float64": torch.float64}[self.dtype]
-
     def describe(self) -> dict:
         """The manifest's ``probe`` entry (the sweep adds the attribution method's description)."""
         return {

@@ -24,7 +24,6 @@ import sys
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from .checkpoints_index.cache import cached_refs, delete_cached_revisions, hub_c
 from .checkpoints_index.integrity import integrity_record
 from .config import ConfigError, ProbeConfig, SweepConfig
 from .data import DataError, EvalData
+from .hf import quiet_transformers_progress
 from .hooks import UnsupportedModelError, attach
 from .hooks.attribution import attribute
 from .hooks.search import describe_attribution
@@ -67,20 +67,6 @@ class SweepSummary:
     failed: list[str]
     busy: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
-
-
-@contextmanager
-def quiet_transformers_progress() -> Iterator[None]:
-    """Silence transformers' own loading/saving progress bars (ours show the work), then restore."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _has_safetensors(folder: Path) -> bool:

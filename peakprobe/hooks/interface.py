@@ -36,6 +36,7 @@ from ..probes import (
 )
 
 _names = itertools.count()
+_STATS_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 class UnsupportedModelError(ValueError):
@@ -132,7 +133,7 @@ class Probe:
         if self.config.fused and not torch.is_grad_enabled() and value is not None:
             fused_out, metrics, sums, counts = attention_forward_with_sums(
                 query.detach(), key.detach(), value.detach(), row_valid=row_valid,
-                chunk=self.config.chunk, dtype=self.config.torch_dtype, **stats_kw,
+                chunk=self.config.chunk, dtype=_STATS_DTYPES[self.config.dtype], **stats_kw,
             )  # fmt: skip
         else:
             sums_fn = self._sums_fn
@@ -140,7 +141,7 @@ class Probe:
                 sums_fn = self._fast_sums
             metrics, sums, counts = sums_fn(
                 query.detach(), key.detach(), row_valid=row_valid, chunk=self.config.chunk,
-                dtype=self.config.torch_dtype, **stats_kw,
+                dtype=_STATS_DTYPES[self.config.dtype], **stats_kw,
             )  # fmt: skip
         self.accumulator.add_sums(SiteGroup("attn", layer), metrics, sums, counts)
 
@@ -160,7 +161,7 @@ class Probe:
         ids = self._input_ids
         if logits is None or ids is None or logits.shape[1] != ids.shape[1]:
             return
-        dtype = self.config.torch_dtype
+        dtype = _STATS_DTYPES[self.config.dtype]
         am = self._attention_mask
         mask = torch.ones_like(ids, dtype=torch.bool) if am is None else am.bool()  # (B, T)
         target = torch.full_like(ids, -1)

@@ -43,16 +43,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from peakprobe.hf import quiet_transformers_progress
 from peakprobe.results import read_json, write_json
-from peakprobe.toy.tiny_lm import TinyLMConfig, model_config, update_lr
+from peakprobe.toy.tiny_lm import TinyLMConfig, model_config, run_updates
 from peakprobe.vocab import BOTTLENECK_ATTENTION, BOTTLENECK_LM_HEAD
 
 LM_HEAD_TASK = "lm_head"
@@ -62,7 +61,6 @@ TASKS: tuple[str, ...] = (LM_HEAD_TASK, ATTENTION_TASK, TEACHER_TASK)
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd")
 UNK = "<unk>"
 MARKER = "planted.json"
-SCHEDULE = "schedule.json"
 TRAIN_LOG = "train_log.json"
 EVAL_FILE = "eval.jsonl"
 PLANTED_FORMAT = 2  # bump when a change here changes the trained weights
@@ -305,21 +303,6 @@ def bayes_loss(config: PlantedConfig) -> float:
 # -- training ------------------------------------------------------------------------------------
 
 
-def _save_checkpoint(model, tokenizer, out_dir: Path, step: int) -> None:
-    """Write ``step<step>/`` atomically: save into a temporary folder, then rename it."""
-    final = out_dir / f"step{step}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".step{step}.", suffix=".tmp", dir=out_dir))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def is_complete(out_dir: str | os.PathLike, config: PlantedConfig) -> bool:
     """True when ``out_dir`` holds a finished run of exactly ``config``."""
     out = Path(out_dir)
@@ -373,21 +356,13 @@ def train_planted(
 
 def _train(out: Path, config: PlantedConfig, progress: bool) -> None:
     """Run the training loop with transformers' own saving progress bars off (ours shows the work)."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with quiet_transformers_progress():
         _train_loop(out, config, progress)
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _train_loop(out: Path, config: PlantedConfig, progress: bool) -> None:
     """The training loop: a fresh seeded batch per update, Adam, warmup + cosine, log-spaced saves."""
     import torch
-    from tqdm.auto import tqdm
     from transformers import GPTNeoXForCausalLM
 
     started = time.perf_counter()
@@ -404,29 +379,13 @@ def _train_loop(out: Path, config: PlantedConfig, progress: bool) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr_max, betas=cfg.betas, eps=1e-8,
                                       weight_decay=cfg.weight_decay)
     save_steps = set(cfg.checkpoint_steps())
-    write_json(out / SCHEDULE, cfg.schedule())
-    if 0 in save_steps:
-        _save_checkpoint(model, tokenizer, out, 0)
-    losses: list[float] = []
-    lrs: list[float] = []
-    bar = tqdm(range(1, cfg.steps + 1), desc=f"planted {config.task}", unit="step", disable=not progress)
-    for step in bar:
-        lr = update_lr(step, cfg)  # the mean rate over the update, as tiny_lm: sum lr/lr_max = tau
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+
+    def batch(step: int):  # a fresh seeded batch per update: (B, T) tokenizer ids
         x, _ = generate(config, cfg.batch_size, np.random.default_rng([cfg.seed, step]))
-        batch = torch.from_numpy(x + 1)  # (B, T) tokenizer ids
-        loss = model(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        lrs.append(lr)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-        if step in save_steps:
-            _save_checkpoint(model, tokenizer, out, step)
-    bar.close()
+        return torch.from_numpy(x + 1)
+
+    losses, lrs = run_updates(model, optimizer, tokenizer, out, cfg, batch,
+                              desc=f"planted {config.task}", progress=progress)
     write_json(out / TRAIN_LOG, {
         "format": 1, "step": list(range(1, cfg.steps + 1)), "loss": losses, "lr": lrs,
         "seconds": time.perf_counter() - started, "tokens_per_step": cfg.batch_size * cfg.seq_len,

@@ -34,13 +34,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from peakprobe import corpus
 from peakprobe.checkpoints_index.schedules import WarmupCosine
+from peakprobe.hf import quiet_transformers_progress
 from peakprobe.results import read_json, write_json
 
 MARKER = "tiny_lm.json"
@@ -130,20 +130,6 @@ def update_lr(step: int, config: TinyLMConfig) -> float:
     return config.lr_max * (schedule.tau(step) - schedule.tau(step - 1))
 
 
-@contextmanager
-def _quiet_saving() -> Iterator[None]:
-    """Silence transformers' "Writing model shards" bar for the duration, then restore it."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
 def model_config(config: TinyLMConfig, tokenizer):
     """The ``transformers.GPTNeoXConfig`` of the run (Pythia layout, parallel residual, untied head)."""
     from transformers import GPTNeoXConfig
@@ -188,12 +174,12 @@ def training_tokens(config: TinyLMConfig, tokenizer):
     return flat.view(config.steps, config.batch_size, config.seq_len)  # (S, B, T)
 
 
-def _save_checkpoint(model, tokenizer, out_dir: Path, step: int) -> Path:
+def save_checkpoint(model, tokenizer, out_dir: Path, step: int) -> Path:
     """Write ``step<step>/`` atomically: save into a temporary folder, then rename it."""
     final = out_dir / f"step{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step{step}.", suffix=".tmp", dir=out_dir))
     try:
-        with _quiet_saving():
+        with quiet_transformers_progress():
             model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         if final.exists():  # left by an earlier, interrupted run of the same trainer
@@ -278,10 +264,50 @@ def train_tiny_lm(
     return out
 
 
+def run_updates(model, optimizer, tokenizer, out: Path, config: TinyLMConfig,
+                batch: Callable, *, desc: str, progress: bool,
+                on_step: Callable | None = None) -> tuple[list[float], list[float]]:
+    """The update loop shared by the tiny LM and the planted tasks: ``config.steps`` updates at
+    the schedule's mean rate over each (``update_lr``, so the rates sum to tau), on
+    ``batch(step)`` (B, T) token ids, clipped, saving ``step<N>/`` at the log-spaced steps and the
+    schedule; ``on_step(step, model, optimizer, None)`` after each (and at step 0).
+    Returns the per-update losses and rates."""
+    import torch
+    from tqdm.auto import tqdm
+
+    save_steps = set(config.checkpoint_steps())
+    write_json(out / SCHEDULE, config.schedule())
+    if 0 in save_steps:
+        save_checkpoint(model, tokenizer, out, 0)
+    if on_step is not None:
+        on_step(0, model, optimizer, None)
+    losses: list[float] = []
+    lrs: list[float] = []
+    bar = tqdm(range(1, config.steps + 1), desc=desc, unit="step", disable=not progress)
+    for step in bar:
+        lr = update_lr(step, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        ids = batch(step)  # (B, T)
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        lrs.append(lr)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        if step in save_steps:
+            save_checkpoint(model, tokenizer, out, step)
+        if on_step is not None:
+            on_step(step, model, optimizer, None)
+    bar.close()
+    return losses, lrs
+
+
 def _train(out: Path, config: TinyLMConfig, progress: bool, on_step: Callable | None) -> None:
     """The training loop proper; writes the checkpoints, the logs and, last, the marker."""
     import torch
-    from tqdm.auto import tqdm
     from transformers import GPTNeoXForCausalLM
 
     started = time.perf_counter()
@@ -296,33 +322,9 @@ def _train(out: Path, config: TinyLMConfig, progress: bool, on_step: Callable | 
         weight_decay=config.weight_decay,
     )
     save_steps = set(config.checkpoint_steps())
-    write_json(out / SCHEDULE, config.schedule())
-    if 0 in save_steps:
-        _save_checkpoint(model, tokenizer, out, 0)
-    if on_step is not None:
-        on_step(0, model, optimizer, None)
-
-    losses: list[float] = []
-    lrs: list[float] = []
-    bar = tqdm(range(1, config.steps + 1), desc="tiny-LM", unit="step", disable=not progress)
-    for step in bar:
-        lr = update_lr(step, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = data[step - 1]  # (B, T)
-        loss = model(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        lrs.append(lr)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-        if step in save_steps:
-            _save_checkpoint(model, tokenizer, out, step)
-        if on_step is not None:
-            on_step(step, model, optimizer, None)
-    bar.close()
+    losses, lrs = run_updates(model, optimizer, tokenizer, out, config,
+                              lambda step: data[step - 1], desc="tiny-LM", progress=progress,
+                              on_step=on_step)
 
     seconds = time.perf_counter() - started
     write_json(
