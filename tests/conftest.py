@@ -150,3 +150,13 @@ def embedded_text(n_docs: int = 200) -> str:
     from peakprobe import corpus
 
     return "\n\n".join(corpus.generate_documents(n_docs, seed=corpus.EVAL_SEED))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and spinning threads stall a busy machine:
+    a module that asks for this runs its torch work on one thread, then restores the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -28,12 +28,7 @@ from peakprobe.sweep import SweepConfig, probe_model
 STEPS = 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- planned steps ------------------------------------------------------------------------------

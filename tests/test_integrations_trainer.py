@@ -31,12 +31,7 @@ HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 WARMUP = 5  # trainer_run.train's warmup_steps
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

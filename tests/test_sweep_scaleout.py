@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import threading
 import time
 import weakref
@@ -91,6 +92,43 @@ def test_two_concurrent_sweeps_never_probe_a_checkpoint_twice(folder, reference,
     a, b = out["a"], out["b"]
     assert not set(a.done) & set(b.done)
     assert sorted(a.done + b.done) == sorted(seq.revisions)
+    assert _files(run) == _files(reference)
+
+
+_SWEEP_PROCESS = """
+import json, sys, time
+sys.path.insert(0, {tests!r})
+from conftest import eval_data
+import peakprobe.sweep as sweep_mod
+from peakprobe.checkpoints_index import from_local
+from peakprobe.hooks import ProbeConfig
+
+real_load = sweep_mod.load_model
+def slow_load(*args, **kwargs):  # make the two processes overlap
+    time.sleep(0.3)
+    return real_load(*args, **kwargs)
+sweep_mod.load_model = slow_load
+config = sweep_mod.SweepConfig(batch_size=2, probe=ProbeConfig(sensitivity=False))
+summary = sweep_mod.sweep(from_local({folder!r}), eval_data(), {run!r}, config, progress=False)
+print(json.dumps({{"done": summary.done, "busy": summary.busy, "skipped": summary.skipped}}))
+"""
+
+
+@pytest.mark.slow
+def test_two_concurrent_sweep_processes_never_probe_a_checkpoint_twice(folder, reference, tmp_path):
+    """The lock holds across operating-system processes, not only threads."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    code = _SWEEP_PROCESS.format(tests=str(Path(__file__).parent), folder=str(folder), run=str(run))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}) for _ in range(2)]
+    outs = [json.loads(p.communicate(timeout=900)[0].strip().splitlines()[-1]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    a, b = (set(o["done"]) for o in outs)
+    assert not a & b  # no checkpoint probed by both
+    assert sorted(a | b) == sorted(from_local(folder).revisions)
     assert _files(run) == _files(reference)
 
 

@@ -1,7 +1,7 @@
 """Built-in checkpoint families that need no network: Pythia (every size, -deduped, and the
 PolyPythias ``pythia-<size>-seed<N>``, which share Pythia's revisions and schedule).
 
-Pythia facts (REFERENCE.md): revisions ``step0, step1, step2, step4, ..., step512`` then
+Pythia facts (docs/science.md): revisions ``step0, step1, step2, step4, ..., step512`` then
 ``step1000 ... step143000`` every 1000 (154 in all; ``main`` = step143000); 1024 x 2048 =
 2,097,152 tokens per step; linear warmup over 1% of 143,000 steps (1,430), cosine decay to
 0.1 lr_max at step 143,000; lr_max and layer / hidden / head counts per size below.

@@ -1,6 +1,6 @@
 """The loss law L(t) = L0 + c * t^(-alpha), fitted in log space, with bootstrap intervals.
 
-Point estimate (Epoch AI practice, REFERENCE.md): the Huber loss (delta = 1e-3) of
+Point estimate (Epoch AI practice, docs/science.md): the Huber loss (delta = 1e-3) of
 log L - log(L0 + c t^-alpha), summed over checkpoints, is evaluated on a grid of starting points
 (alpha x L0, with log c set to its robust best for each pair); the 8 best are refined together
 by the batched solver below, the best 2 of those start L-BFGS-B with bounds L0 in [0, min L]

@@ -51,7 +51,7 @@ import numpy as np
 
 from peakprobe.hf import quiet_transformers_progress
 from peakprobe.results import read_json, write_json
-from peakprobe.toy.tiny_lm import TinyLMConfig, model_config, run_updates
+from peakprobe.toy.tiny_lm import TinyLMConfig, model_config, run_updates, torch_threads
 from peakprobe.vocab import BOTTLENECK_ATTENTION, BOTTLENECK_LM_HEAD
 
 LM_HEAD_TASK = "lm_head"
@@ -329,7 +329,6 @@ def train_planted(
     unless ``overwrite``. ``threads`` sets torch's intra-op threads for the training (None keeps
     torch's default); the training is seeded and runs on CPU, so it is deterministic.
     """
-    import torch
 
     config = config or PlantedConfig()
     config.validate()
@@ -344,13 +343,8 @@ def train_planted(
         raise PlantedError(f"threads must be >= 1, got {threads}")
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).unlink(missing_ok=True)
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         _train(out, config, progress)
-    finally:
-        torch.set_num_threads(before)
     return out
 
 

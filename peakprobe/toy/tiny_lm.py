@@ -34,7 +34,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -240,7 +241,6 @@ def train_tiny_lm(
     (see the module docstring); ``retrain`` trains even when a finished run of ``config`` exists
     (the same seed gives the same weights), e.g. so that ``on_step`` sees the training.
     """
-    import torch
 
     config = config or TinyLMConfig()
     config.validate()
@@ -254,14 +254,23 @@ def train_tiny_lm(
         raise TinyLMError(f"threads must be >= 1, got {threads}")
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).unlink(missing_ok=True)
+    with torch_threads(threads):
+        _train(out, config, progress, on_step)
+    return out
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block on ``threads`` intra-op threads (None: leave them), then restore the count."""
+    import torch
+
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        _train(out, config, progress, on_step)
+        yield
     finally:
         torch.set_num_threads(before)
-    return out
 
 
 def run_updates(model, optimizer, tokenizer, out: Path, config: TinyLMConfig,
