@@ -32,5 +32,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/memory.py
+	$(BIN)/python benchmarks/sweep_cost.py
+	$(BIN)/python benchmarks/monitor.py
 	$(BIN)/python benchmarks/fit.py
 	$(BIN)/python benchmarks/report.py
