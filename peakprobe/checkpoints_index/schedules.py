@@ -20,6 +20,7 @@ import csv
 import json
 import math
 import warnings
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -56,36 +57,41 @@ def _out(arr: np.ndarray, scalar: bool) -> float | np.ndarray:
 
 
 @dataclass(frozen=True)
-class WarmupCosine:
-    """Linear warmup from 0, cosine decay to ``final_lr_ratio * lr_max`` at ``total_steps``."""
+class _WarmupDecay(ABC):
+    """Linear warmup from 0 to ``lr_max`` over ``warmup_steps``, then a decay (the subclass's) to
+    ``final_lr_ratio * lr_max`` at ``total_steps``, constant after; tau in closed form."""
 
     lr_max: float
     warmup_steps: float
     total_steps: float
     final_lr_ratio: float = 0.1
+    KIND = ""  # the schedule.json "kind"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lr_max) and self.lr_max > 0):
-            raise ScheduleError(f"warmup_cosine lr_max must be > 0, got {self.lr_max}")
+            raise ScheduleError(f"{self.KIND} lr_max must be > 0, got {self.lr_max}")
         if not (0 <= self.warmup_steps <= self.total_steps and self.total_steps > 0):
             raise ScheduleError(
-                "warmup_cosine needs 0 <= warmup_steps <= total_steps and total_steps > 0, "
+                f"{self.KIND} needs 0 <= warmup_steps <= total_steps and total_steps > 0, "
                 f"got warmup_steps={self.warmup_steps}, total_steps={self.total_steps}"
             )
         if not 0 <= self.final_lr_ratio <= 1:
             raise ScheduleError(
-                f"warmup_cosine final_lr_ratio must be in [0, 1], got {self.final_lr_ratio}"
+                f"{self.KIND} final_lr_ratio must be in [0, 1], got {self.final_lr_ratio}"
             )
+
+    @abstractmethod
+    def _decay_ratio(self, s: np.ndarray, w: float, total: float, r: float) -> np.ndarray:
+        """lr / lr_max from the end of the warmup on (s: steps)."""
+
+    @abstractmethod
+    def _decay_integral(self, u: np.ndarray, decay: float, r: float) -> np.ndarray:
+        """The integral of the decay's ratio over [0, u] (u: steps past the warmup)."""
 
     def lr(self, step: Any) -> float | np.ndarray:
         s, scalar = _steps_array(step)
         w, total, r = float(self.warmup_steps), float(self.total_steps), self.final_lr_ratio
-        decay = total - w
-        ratio = np.full_like(s, r)  # after total_steps: constant at the floor
-        if decay > 0:
-            u = np.clip(s - w, 0.0, decay)
-            cosine = r + (1.0 - r) * 0.5 * (1.0 + np.cos(np.pi * u / decay))
-            ratio = np.where(s <= total, cosine, ratio)
+        ratio = self._decay_ratio(s, w, total, r)
         if w > 0:
             ratio = np.where(s < w, s / w, ratio)
         return _out(self.lr_max * ratio, scalar)
@@ -97,16 +103,13 @@ class WarmupCosine:
         sw = np.minimum(s, w)
         warm = sw * sw / (2.0 * w) if w > 0 else np.zeros_like(s)  # integral of s/w
         u = np.clip(s - w, 0.0, decay)
-        if decay > 0:  # integral of r + (1-r)(1+cos(pi u/D))/2
-            cos_part = r * u + (1.0 - r) * 0.5 * (u + decay / np.pi * np.sin(np.pi * u / decay))
-        else:
-            cos_part = np.zeros_like(s)
+        mid = self._decay_integral(u, decay, r) if decay > 0 else np.zeros_like(s)
         tail = r * np.maximum(s - total, 0.0)
-        return _out(warm + cos_part + tail, scalar)
+        return _out(warm + mid + tail, scalar)
 
     def to_json(self) -> dict:
         return {
-            "kind": "warmup_cosine",
+            "kind": self.KIND,
             "lr_max": self.lr_max,
             "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
@@ -115,51 +118,41 @@ class WarmupCosine:
 
     def describe(self) -> str:
         return (
-            f"warmup_cosine(lr_max={self.lr_max:g}, warmup={self.warmup_steps:g}, "
+            f"{self.KIND}(lr_max={self.lr_max:g}, warmup={self.warmup_steps:g}, "
             f"total={self.total_steps:g}, final={self.final_lr_ratio:g}x)"
         )
 
 
 @dataclass(frozen=True)
-class WarmupLinear:
+class WarmupCosine(_WarmupDecay):
+    """Linear warmup from 0, cosine decay to ``final_lr_ratio * lr_max`` at ``total_steps``."""
+
+    KIND = "warmup_cosine"
+
+    def _decay_ratio(self, s, w, total, r):
+        decay = total - w
+        ratio = np.full_like(s, r)  # after total_steps: constant at the floor
+        if decay > 0:
+            u = np.clip(s - w, 0.0, decay)
+            cosine = r + (1.0 - r) * 0.5 * (1.0 + np.cos(np.pi * u / decay))
+            ratio = np.where(s <= total, cosine, ratio)
+        return ratio
+
+    def _decay_integral(self, u, decay, r):  # integral of r + (1-r)(1+cos(pi u/D))/2
+        return r * u + (1.0 - r) * 0.5 * (u + decay / np.pi * np.sin(np.pi * u / decay))
+
+
+@dataclass(frozen=True)
+class WarmupLinear(_WarmupDecay):
     """Linear warmup from 0, linear decay to ``final_lr_ratio * lr_max`` at ``total_steps``."""
 
-    lr_max: float
-    warmup_steps: float
-    total_steps: float
-    final_lr_ratio: float = 0.1
+    KIND = "warmup_linear"
 
-    def __post_init__(self) -> None:
-        WarmupCosine(self.lr_max, self.warmup_steps, self.total_steps, self.final_lr_ratio)  # same checks
+    def _decay_ratio(self, s, w, total, r):
+        return np.interp(s, [w, total], [1.0, r])  # constant r after total_steps
 
-    def lr(self, step: Any) -> float | np.ndarray:
-        s, scalar = _steps_array(step)
-        w, total, r = float(self.warmup_steps), float(self.total_steps), self.final_lr_ratio
-        ratio = np.interp(s, [w, total], [1.0, r])  # constant r after total_steps
-        if w > 0:
-            ratio = np.where(s < w, s / w, ratio)
-        return _out(self.lr_max * ratio, scalar)
-
-    def tau(self, step: Any) -> float | np.ndarray:
-        s, scalar = _steps_array(step)
-        w, total, r = float(self.warmup_steps), float(self.total_steps), self.final_lr_ratio
-        decay = total - w
-        sw = np.minimum(s, w)
-        warm = sw * sw / (2.0 * w) if w > 0 else np.zeros_like(s)
-        u = np.clip(s - w, 0.0, decay)
-        lin = u - (1.0 - r) * u * u / (2.0 * decay) if decay > 0 else np.zeros_like(s)
-        tail = r * np.maximum(s - total, 0.0)
-        return _out(warm + lin + tail, scalar)
-
-    def to_json(self) -> dict:
-        return {"kind": "warmup_linear", "lr_max": self.lr_max, "warmup_steps": self.warmup_steps,
-                "total_steps": self.total_steps, "final_lr_ratio": self.final_lr_ratio}
-
-    def describe(self) -> str:
-        return (
-            f"warmup_linear(lr_max={self.lr_max:g}, warmup={self.warmup_steps:g}, "
-            f"total={self.total_steps:g}, final={self.final_lr_ratio:g}x)"
-        )
+    def _decay_integral(self, u, decay, r):  # integral of 1 - (1-r) u/D
+        return u - (1.0 - r) * u * u / (2.0 * decay)
 
 
 class TableSchedule:
