@@ -160,30 +160,12 @@ def test_fits_json_without_bottleneck_degrades(tmp_path):
 # -- the headless-browser checks of report.html, on compare.html -----------------------------------
 @pytest.fixture(scope="module")
 def page(family):
-    webdriver = pytest.importorskip(
-        "selenium.webdriver", reason="browser test needs selenium (pip install selenium)"
-    )
-    from selenium.webdriver.chrome.service import Service
-    from test_report_browser import CHROME_ARGS, _browser_paths
+    from test_report_browser import open_page
 
-    browser, driver_path = _browser_paths()
     paths = family[1]
     base = paths.out_dir.parent
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for arg in CHROME_ARGS:
-        options.add_argument(arg)
-    options.add_argument(f"--user-data-dir={base / 'profile'}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-    try:
-        driver.get("about:blank")
-        driver.get_log("performance")
-        driver.get_log("browser")
-        driver.get(paths.html.resolve().as_uri())
+    with open_page(paths.html, base) as driver:
         yield driver, base
-    finally:
-        driver.quit()
 
 
 @pytest.mark.browser

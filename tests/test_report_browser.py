@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from synthetic import make_run
@@ -49,21 +52,16 @@ def _browser_paths() -> tuple[str, str]:
     return browser, driver
 
 
-@pytest.fixture(scope="module")
-def page(tmp_path_factory):
+@contextmanager
+def open_page(html: Path, base: Path) -> Iterator:
+    """A headless Chromium driver showing ``html`` (file://), with its console and network logs
+    emptied of the start page's entries; quits on exit. Skips without selenium or the browser."""
     webdriver = pytest.importorskip(
         "selenium.webdriver", reason="browser test needs selenium (pip install selenium)"
     )
     from selenium.webdriver.chrome.service import Service
 
     browser, driver_path = _browser_paths()
-    base = tmp_path_factory.mktemp("browser")
-    make_run(
-        base / "run", n_layers=3, n_heads=5, n_checkpoints=30, model=EVIL_MODEL, seed=5,
-        duplicates={"step4": "step64"},
-    )
-    fit_run(base / "run", n_boot=100)
-    paths = render_report(base / "run")
     options = webdriver.ChromeOptions()
     options.binary_location = browser
     for arg in CHROME_ARGS:
@@ -75,10 +73,25 @@ def page(tmp_path_factory):
         driver.get("about:blank")  # leave the start page, then drop what it logged
         driver.get_log("performance")
         driver.get_log("browser")
-        driver.get(paths.html.resolve().as_uri())
-        yield driver, base
+        driver.get(html.resolve().as_uri())
+        yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    pytest.importorskip("selenium.webdriver", reason="browser test needs selenium (pip install selenium)")
+    _browser_paths()  # skip before the run is built when the browser is missing
+    base = tmp_path_factory.mktemp("browser")
+    make_run(
+        base / "run", n_layers=3, n_heads=5, n_checkpoints=30, model=EVIL_MODEL, seed=5,
+        duplicates={"step4": "step64"},
+    )
+    fit_run(base / "run", n_boot=100)
+    paths = render_report(base / "run")
+    with open_page(paths.html, base) as driver:
+        yield driver, base
 
 
 def _network_urls(driver) -> list[str]:
