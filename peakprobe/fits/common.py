@@ -18,6 +18,8 @@ is fitted alone or inside a whole run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from scipy.stats import norm
 
@@ -28,6 +30,19 @@ MONOTONE_NOISE_UNITS = 4.0  # a reversal must exceed this many noise standard de
 
 class FitError(ValueError):
     """A curve cannot be fitted (too few usable points, bad arguments)."""
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """How a law is fitted: the keyword options every fit function takes, with their defaults."""
+
+    n_boot: int = 1000  # bootstrap refits (0: no interval)
+    ci: float = 0.9  # the interval's coverage
+    seed: int = 0  # fixes the bootstrap draws
+    delta: float = DELTA  # Huber threshold on log residuals
+
+    def __post_init__(self) -> None:
+        check_options(self.n_boot, self.ci, self.delta)
 
 
 def huber(r: np.ndarray, delta: float) -> np.ndarray:

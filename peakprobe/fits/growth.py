@@ -20,14 +20,14 @@ is about 2% of the width).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .common import (
-    DELTA,
     FitError,
+    FitOptions,
     bootstrap_draws,
-    check_options,
     curve_flags,
     percentile_interval,
     shape_flags,
@@ -185,57 +185,38 @@ def _clean(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
     return tt, yy, bool((~ok).any())
 
 
-def fit_power_law(
-    t: np.ndarray,
-    y: np.ndarray,
-    *,
-    n_boot: int = 1000,
-    ci: float = 0.9,
-    seed: int = 0,
-    delta: float = DELTA,
-) -> GrowthFit:
+def fit_power_law(t: np.ndarray, y: np.ndarray, **options: Any) -> GrowthFit:
     """Fit y = c * t^alpha (Huber loss on log y against log t) with a ``ci`` bootstrap interval.
 
-    Points with t <= 0 or a non-positive / non-finite y are dropped (flag ``dropped_points``).
+    ``options``: those of ``FitOptions`` (n_boot, ci, seed, delta). Points with t <= 0 or a
+    non-positive / non-finite y are dropped (flag ``dropped_points``).
     Raises FitError with fewer than 4 usable points.
     """
-    check_options(n_boot, ci, delta)
+    FitOptions(**options)  # checks them before the series
     tt, yy, dropped = _clean(t, y)
-    fit = fit_power_law_many(tt, yy[None, :], n_boot=n_boot, ci=ci, seed=seed, delta=delta)[0]
+    fit = fit_power_law_many(tt, yy[None, :], **options)[0]
     if dropped:
         return GrowthFit(**{**fit.__dict__, "flags": (*fit.flags, "dropped_points")})
     return fit
 
 
-def fit_power_law_many(
-    t: np.ndarray,
-    y: np.ndarray,
-    *,
-    n_boot: int = 1000,
-    ci: float = 0.9,
-    seed: int = 0,
-    delta: float = DELTA,
-) -> list[GrowthFit]:
+def fit_power_law_many(t: np.ndarray, y: np.ndarray, **options: Any) -> list[GrowthFit]:
     """Fit every row of y (S, n) against the shared, increasing, positive times t (n,).
 
     All values must be finite and positive (fit_power_law cleans a single series first).
     Row s gets the fit fit_power_law(t, y[s]) gives (equal to the solver tolerance).
+    ``options``: those of ``FitOptions``.
     """
-    return fit_power_law_boot(t, y, n_boot=n_boot, ci=ci, seed=seed, delta=delta)[0]
+    return fit_power_law_boot(t, y, **options)[0]
 
 
 def fit_power_law_boot(
-    t: np.ndarray,
-    y: np.ndarray,
-    *,
-    n_boot: int = 1000,
-    ci: float = 0.9,
-    seed: int = 0,
-    delta: float = DELTA,
+    t: np.ndarray, y: np.ndarray, **options: Any
 ) -> tuple[list[GrowthFit], BootLines | None]:
     """`fit_power_law_many` that also returns the bootstrap refits (None when n_boot = 0),
     for one-sided tests and derived intervals (gain shares, "still growing")."""
-    check_options(n_boot, ci, delta)
+    o = FitOptions(**options)
+    n_boot, ci, seed, delta = o.n_boot, o.ci, o.seed, o.delta
     t = np.asarray(t, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     n = t.shape[0]

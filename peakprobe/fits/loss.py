@@ -27,15 +27,15 @@ c = exp(k + alpha * mean log t).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
 
 from .common import (
-    DELTA,
     FitError,
+    FitOptions,
     bootstrap_draws,
-    check_options,
     curve_flags,
     huber,
     percentile_interval,
@@ -273,35 +273,21 @@ class LossBoot:
         return np.exp(self.theta[:, 1] - self.theta[:, 2] * (np.log(t) - self.xbar))
 
 
-def fit_loss_law(
-    t: np.ndarray,
-    L: np.ndarray,
-    *,
-    n_boot: int = 1000,
-    ci: float = 0.9,
-    seed: int = 0,
-    delta: float = DELTA,
-) -> LossFit:
+def fit_loss_law(t: np.ndarray, L: np.ndarray, **options: Any) -> LossFit:
     """Fit L = L0 + c * t^-alpha with L0 in [0, min L]; bootstrap ``ci`` intervals for alpha, L0.
 
-    Points with t <= 0 or a non-positive / non-finite loss are dropped (flag ``dropped_points``).
+    ``options``: those of ``FitOptions`` (n_boot, ci, seed, delta). Points with t <= 0 or a
+    non-positive / non-finite loss are dropped (flag ``dropped_points``).
     Raises FitError with fewer than 5 usable points. A curve that rises again late is flagged
     (``non_monotone``, ``late_rise``) and still fitted.
     """
-    return fit_loss_law_boot(t, L, n_boot=n_boot, ci=ci, seed=seed, delta=delta)[0]
+    return fit_loss_law_boot(t, L, **options)[0]
 
 
-def fit_loss_law_boot(
-    t: np.ndarray,
-    L: np.ndarray,
-    *,
-    n_boot: int = 1000,
-    ci: float = 0.9,
-    seed: int = 0,
-    delta: float = DELTA,
-) -> tuple[LossFit, LossBoot | None]:
+def fit_loss_law_boot(t: np.ndarray, L: np.ndarray, **options: Any) -> tuple[LossFit, LossBoot | None]:
     """`fit_loss_law` that also returns the bootstrap refits (None when n_boot = 0)."""
-    check_options(n_boot, ci, delta)
+    o = FitOptions(**options)
+    n_boot, ci, seed, delta = o.n_boot, o.ci, o.seed, o.delta
     tt, loss, dropped = _clean(t, L)
     n = len(tt)
     lt = np.log(tt)
