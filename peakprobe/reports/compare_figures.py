@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FormatStrFormatter
 
-from peakprobe.reports.figures import RenderedFigure, _new_figure, _save, _sparse_log_ticks
+from peakprobe.reports.figures import RenderedFigure, _new_figure, _sparse_log_ticks, render
 from peakprobe.vocab import THIRD
 
 MAX_TAB10 = 10
@@ -31,7 +31,10 @@ def _label(name: str) -> str:
     return name.replace("$", r"\$")
 
 
-def _legend(ax, n: int) -> None:
+def _labels(ax, xlabel: str, ylabel: str, n: int) -> None:
+    """Axis labels, and a legend of ``n`` entries (two columns past 8)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=7 if n <= 8 else 6, frameon=False, ncol=1 if n <= 8 else 2)
 
 
@@ -41,11 +44,6 @@ def _axes(width: float, height: float):
     fig.subplots_adjust(left=0.75 / width, right=1 - 0.15 / width, bottom=0.5 / height,
                         top=1 - 0.15 / height)
     return fig, fig.add_subplot()
-
-
-def _figure(name: str, title: str, caption: str, fig) -> RenderedFigure:
-    png, svg = _save(fig)
-    return RenderedFigure(name, title, caption, png, svg)
 
 
 def loss_overlay(members: list, x_label: str) -> RenderedFigure | None:
@@ -63,13 +61,11 @@ def loss_overlay(members: list, x_label: str) -> RenderedFigure | None:
             ax.loglog(xs, m.L0 + m.c * (xs / m.x_scale) ** -m.alpha, "--", color=col, linewidth=0.8)
     _sparse_log_ticks(ax)
     ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax.set_xlabel(x_label)
-    ax.set_ylabel("loss (nats)")
-    _legend(ax, len(members))
-    return _figure(
-        "loss_overlay", f"Loss against {x_label}, every member",
+    _labels(ax, x_label, "loss (nats)", len(members))
+    return render(
+        fig, "loss_overlay", f"Loss against {x_label}, every member",
         "Dots joined by lines: checkpoints inside each member's fit window; hollow dots: outside "
-        "it; dashed: the fitted L0 + c·t^-α.", fig)
+        "it; dashed: the fitted L0 + c·t^-α.")
 
 
 def reducible(members: list, x_label: str) -> RenderedFigure | None:
@@ -88,13 +84,11 @@ def reducible(members: list, x_label: str) -> RenderedFigure | None:
             xs = np.geomspace(m.x[ok][0], m.x[ok][-1], 60)
             ax.loglog(xs, m.c * (xs / m.x_scale) ** -m.alpha, "-", color=col, linewidth=1.0)
     _sparse_log_ticks(ax)
-    ax.set_xlabel(x_label)
-    ax.set_ylabel("L − L0 (nats)")
-    _legend(ax, len(members))
-    return _figure(
-        "reducible", "Reducible loss L − L0, every member",
+    _labels(ax, x_label, "L − L0 (nats)", len(members))
+    return render(
+        fig, "reducible", "Reducible loss L − L0, every member",
         "Dots: loss minus each member's fitted L0, inside its fit window (points at or below L0 "
-        "are not drawn); lines: the fitted c·t^-α. Parallel lines mean equal exponents.", fig)
+        "are not drawn); lines: the fitted c·t^-α. Parallel lines mean equal exponents.")
 
 
 def _band(ax, band: tuple[float, float], vertical: bool = False) -> None:
@@ -117,15 +111,13 @@ def exponent_vs_size(members: list, band: tuple[float, float]) -> RenderedFigure
         ax.errorbar([m.n_params], [m.alpha], yerr=[[max(lo, 0.0)], [max(hi, 0.0)]], fmt="o",
                     color=col, capsize=3, markersize=4, label=_label(m.name))
     ax.set_xscale("log")
-    ax.set_xlabel("parameters")
-    ax.set_ylabel("loss exponent α (90% CI)")
-    _legend(ax, len(sized) + 2)
+    _labels(ax, "parameters", "loss exponent α (90% CI)", len(sized) + 2)
     missing = len(members) - len(sized)
     note = f" {missing} member(s) without a parameter count or a loss fit are not drawn." if missing else ""
-    return _figure(
-        "exponent_vs_size", "Loss exponent against model size",
+    return render(
+        fig, "exponent_vs_size", "Loss exponent against model size",
         "Each member's fitted loss exponent with its 90% bootstrap interval; green: the "
-        "equivalence band around 1/3 (dashed)." + note, fig)
+        "equivalence band around 1/3 (dashed)." + note)
 
 
 def growth_vs_depth(growth: pd.DataFrame, names: list[str], band: tuple[float, float]
@@ -144,14 +136,12 @@ def growth_vs_depth(growth: pd.DataFrame, names: list[str], band: tuple[float, f
         ax.errorbar(med.index, med.to_numpy(), yerr=[med - q1, q3 - med], fmt="o-", color=col,
                     capsize=2, markersize=3, linewidth=1.0, label=_label(name))
     ax.set_xlim(0, 1.05)
-    ax.set_xlabel("relative depth (layer + 1) / n_layers")
-    ax.set_ylabel("logit_std growth exponent")
-    _legend(ax, len(present) + 2)
-    return _figure(
-        "growth_vs_depth", "Attention logit growth exponent against relative depth",
+    _labels(ax, "relative depth (layer + 1) / n_layers", "logit_std growth exponent", len(present) + 2)
+    return render(
+        fig, "growth_vs_depth", "Attention logit growth exponent against relative depth",
         "Per layer, the median over its heads of the fitted logit_std ∝ t^α exponent; bars: 25th "
         "to 75th percentile over heads. Each head's exponent, interval and verdict is in "
-        "growth.csv.", fig)
+        "growth.csv.")
 
 
 def window_scan(scan: pd.DataFrame, names: list[str], band: tuple[float, float]
@@ -175,11 +165,9 @@ def window_scan(scan: pd.DataFrame, names: list[str], band: tuple[float, float]
                     markersize=7)
     ax.set_xscale("log")
     ax.set_ylim(min(-0.05, ax.get_ylim()[0]), min(ax.get_ylim()[1], Y_MAX_SCAN))
-    ax.set_xlabel("first step of the fit window")
-    ax.set_ylabel("loss exponent α (90% CI)")
-    _legend(ax, len(present) + 2)
-    return _figure(
-        "window_scan", "Window scan: the loss exponent against the window start",
+    _labels(ax, "first step of the fit window", "loss exponent α (90% CI)", len(present) + 2)
+    return render(
+        fig, "window_scan", "Window scan: the loss exponent against the window start",
         "The loss law refitted with later and later first checkpoints (the last one fixed); red "
         "crosses: an interval that does not overlap the full window's 90% interval (flag "
-        f"window_drift). The axis stops at α = {Y_MAX_SCAN:g}; scan.csv has every value.", fig)
+        f"window_drift). The axis stops at α = {Y_MAX_SCAN:g}; scan.csv has every value.")

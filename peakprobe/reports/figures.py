@@ -57,6 +57,18 @@ def _save(fig: Figure) -> tuple[bytes, bytes]:
     return png.getvalue(), svg.getvalue()
 
 
+def render(fig: Figure, name: str, title: str, caption: str) -> RenderedFigure:
+    """``fig`` saved (PNG and SVG) as the figure ``name``."""
+    png, svg = _save(fig)
+    return RenderedFigure(name, title, caption, png, svg)
+
+
+def _labels(ax, xlabel: str, ylabel: str, legend_size: int = 8) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=legend_size, frameon=False)
+
+
 def _heatmap(
     mat: np.ndarray, cmap: str, vmin: float, vmax: float, cbar_label: str, marks: tuple[float, ...]
 ) -> Figure:
@@ -101,16 +113,14 @@ def alpha_heatmap(heads: pd.DataFrame) -> RenderedFigure | None:
     vmin = min(0.0, float(np.percentile(finite, 2)))
     vmax = max(0.5, float(np.percentile(finite, 98)))
     fig = _heatmap(mat, "viridis", vmin, vmax, "growth exponent α (line: 1/3)", (THIRD,))
-    png, svg = _save(fig)
     lm = heads[heads["site_kind"] == LM_HEAD]
     lm_text = f" The LM head's α is {_num(lm['alpha'].iloc[0])}." if not lm.empty else ""
-    return RenderedFigure(
+    return render(
+        fig,
         "alpha_heatmap",
         "Growth exponent α of logit_std, per head",
         "Exponent α of logit_std ∝ t^α fitted per attention head (fits.parquet); "
         f"grey: no fit. Colour range clipped to [{vmin:.2f}, {vmax:.2f}]." + lm_text,
-        png,
-        svg,
     )
 
 
@@ -124,20 +134,18 @@ def peaked_heatmap(
     if mat.size == 0 or not np.isfinite(mat).any():
         return None
     fig = _heatmap(mat, "magma", 0.0, 1.0, "final peaked fraction", ())
-    png, svg = _save(fig)
     if criterion == "logit_std":
         name, title = "peaked_heatmap", "Final peakedness per head (logit std)"
         rule = "whose logit_std exceeds sqrt(2 ln n)"
     else:
         name, title = "peaked_entropy_heatmap", "Final peakedness per head (entropy-equivalent)"
         rule = "whose entropy-equivalent inverse temperature β_eff exceeds sqrt(2 ln n)"
-    return RenderedFigure(
+    return render(
+        fig,
         name,
         title,
         f"Fraction of query rows {rule} (n = keys the row attends to) at the last checkpoint "
         f"({last_revision}); 1 = every row in the peaked, low-temperature regime.",
-        png,
-        svg,
     )
 
 
@@ -192,15 +200,13 @@ def growth_panels(curves: list[Curve], time_axis: str, how: str) -> RenderedFigu
             _panel(ax, curves[i], time_axis, "logit_std")
         else:
             ax.set_axis_off()
-    png, svg = _save(fig)
-    return RenderedFigure(
+    return render(
+        fig,
         "growth_curves",
         "logit_std against training time (log-log)",
         f"Shown: {how}, and the LM head. Dots: measured logit_std; red: the fitted "
         "c·t^α over its window (shaded); dashed: a t^(1/3) line through the fit's "
         "geometric middle.",
-        png,
-        svg,
     )
 
 
@@ -235,18 +241,14 @@ def loss_figure(curve: Curve | None, time_axis: str) -> RenderedFigure | None:
     _sparse_log_ticks(ax)
     ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))  # a loss spans about one decade:
     ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))  # label the 2 and 5 ticks too
-    ax.set_xlabel(time_axis)
-    ax.set_ylabel("loss (nats)")
-    ax.legend(fontsize=8, frameon=False)
-    png, svg = _save(fig)
-    return RenderedFigure(
+    _labels(ax, time_axis, "loss (nats)")
+    return render(
+        fig,
         "loss_curve",
         "Loss against training time (log-log)",
         "Dots: the LM head's mean next-token loss per checkpoint; red: the fitted "
         "L0 + c·t^-α over its window (shaded); dashed: the same L0 with exponent 1/3, "
         "equal to the fit at the window's geometric middle.",
-        png,
-        svg,
     )
 
 
@@ -267,14 +269,12 @@ def sensitivity_figure(ranking: pd.DataFrame) -> RenderedFigure | None:
     ax.set_ylim(len(top) - 0.5, -0.5)
     ax.axvline(0.0, color="black", linewidth=0.8)
     ax.set_xlabel("d loss / d log β at the last checkpoint")
-    png, svg = _save(fig)
-    return RenderedFigure(
+    return render(
+        fig,
         "sensitivity",
         "Sensitivity ranking",
         f"The first {len(top)} sites by d loss / d log β at the last checkpoint, most negative first; "
         "red: scaling that softmax's logits up would lower the loss.",
-        png,
-        svg,
     )
 
 
@@ -314,15 +314,13 @@ def gain_figure(curves: list[Curve], time_axis: str) -> RenderedFigure | None:
         ax.set_ylabel("gain G (nats)")
         if not many:
             ax.legend(fontsize=7, frameon=False)
-    png, svg = _save(fig)
-    return RenderedFigure(
+    return render(
+        fig,
         "gain_curves",
         "Loss contribution G against training time (log-log)",
         "G = L(β = 1) − min over β of L(β), β scaling one softmax's logits (or one shared by a "
         "group); thin lines with dots: measured; thick: the fitted c·t^-α over its window; "
         "dashed black: a t^(-1/3) line through the fit's geometric middle.",
-        png,
-        svg,
     )
 
 
@@ -346,18 +344,14 @@ def window_scan_figure(rows: list[dict], band: tuple[float, float], time_axis: s
     ax.set_xscale("log")
     ax.xaxis.set_minor_locator(LogLocator(base=10.0, subs=(2.0, 5.0)))
     ax.xaxis.set_minor_formatter(FormatStrFormatter("%g"))  # a scan spans about one decade
-    ax.set_xlabel(f"window start t_min ({time_axis})")
-    ax.set_ylabel("exponent α")
-    ax.legend(fontsize=8, frameon=False)
-    png, svg = _save(fig)
-    return RenderedFigure(
+    _labels(ax, f"window start t_min ({time_axis})", "exponent α")
+    return render(
+        fig,
         "window_scan",
         "Exponent against the start of the fit window",
         "Each point: the exponent fitted on the window starting at t_min (to the run's last "
         "checkpoint), with its interval; green: the equivalence band around 1/3; dashed: 1/3. "
         "A law that holds gives a flat run of points inside the band.",
-        png,
-        svg,
     )
 
 

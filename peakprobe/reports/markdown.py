@@ -72,6 +72,14 @@ def _pct(x: Any) -> str:
     return "—" if x is None else f"{100 * x:.3g}%"
 
 
+def _share(e: dict) -> str:
+    return f"{_pct(e['share'])} [{_pct(e['share_lo'])}, {_pct(e['share_hi'])}]"
+
+
+def _interval(e: dict, key: str) -> str:
+    return f"{_n(e[key])} [{_n(e[key + '_lo'])}, {_n(e[key + '_hi'])}]"
+
+
 def _yes(x: Any) -> str:
     return {True: "yes", False: "no"}.get(x, "—")
 
@@ -91,6 +99,16 @@ def heads_line(b: dict) -> str:
             f"{_pct(b['share_min'])} (Benjamini-Hochberg, FDR {_n(b['fdr'])})"
         )
     return "; ".join(parts) + "."
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines (header, rule, rows) and the blank line after it."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
 
 
 def summary_markdown(s: dict) -> str:
@@ -113,7 +131,7 @@ def summary_markdown(s: dict) -> str:
     b = s["bottleneck"]
     line = f"- **Bottleneck:** {_md(b['verdict'] or 'undetermined')}"
     if b["share"] is not None:
-        line += f" (its gain is {_pct(b['share'])} [{_pct(b['share_lo'])}, {_pct(b['share_hi'])}] of L − L0)"
+        line += f" (its gain is {_share(b)} of L − L0)"
     if b["reason"]:
         line += f" — {_md(b['reason'])}"
     lines.append(line)
@@ -129,48 +147,32 @@ def summary_markdown(s: dict) -> str:
             "",
             f"Band {band}; window in {s['time_axis']}.",
             "",
-            "| site | quantity | α [CI] | verdict | window |",
-            "|---|---|---|---|---|",
         ]
-        for e in s["exponents"]:
-            lines.append(
-                f"| {e['label']} | {e['quantity']} | {_ci(e)} | {e['verdict']} | {_window(e)} |"
-            )
-        lines.append("")
+        lines += _table(["site", "quantity", "α [CI]", "verdict", "window"],
+                        [[e["label"], e["quantity"], _ci(e), e["verdict"], _window(e)]
+                         for e in s["exponents"]])
     lines += ["## Loss contribution G per softmax", ""]
     if not s["gains"]["measured"]:
         lines += ["Not measured in this run (the sweep ran without gains).", ""]
     else:
-        lines += [
-            "| site | final G | share of L − L0 [CI] | decay α [CI] | verdict | window |",
-            "|---|---|---|---|---|---|",
-        ]
-        for g in s["gains"]["sites"]:
-            share = f"{_pct(g['share'])} [{_pct(g['share_lo'])}, {_pct(g['share_hi'])}]"
-            window = _window(g) if g["t_min"] is not None else "—"
-            lines.append(
-                f"| {g['label']} | {_n(g['final_gain'])} | {share} | {_ci(g)} | {g['verdict'] or '—'} | {window} |"
-            )
-        lines.append("")
+        lines += _table(
+            ["site", "final G", "share of L − L0 [CI]", "decay α [CI]", "verdict", "window"],
+            [[g["label"], _n(g["final_gain"]), _share(g), _ci(g), g["verdict"] or "—",
+              _window(g) if g["t_min"] is not None else "—"] for g in s["gains"]["sites"]])
     lines += ["## Window scan α(t_min)", ""]
     if not s["window_scan"]["measured"]:
         lines += ["Not measured (fits.json has no window scan).", ""]
     else:
         if s["window_scan"]["drift"]:
             lines += ["**The exponent drifts with the window start** (two starts give disjoint intervals).", ""]
-        lines += ["| quantity | t_min | t_max | α [CI] | verdict |", "|---|---|---|---|---|"]
-        for r in s["window_scan"]["rows"]:
-            lines.append(
-                f"| {_md(r['quantity'])} | {_n(r['t_min'])} | {_n(r['t_max'])} | {_ci(r)} | {r['verdict']} |"
-            )
-        lines.append("")
+        lines += _table(["quantity", "t_min", "t_max", "α [CI]", "verdict"],
+                        [[_md(r["quantity"]), _n(r["t_min"]), _n(r["t_max"]), _ci(r), r["verdict"]]
+                         for r in s["window_scan"]["rows"]])
     lines += ["## Peakedness", "", _md(p["statement"]), ""]
     if p["criteria"]:
-        lines += ["| criterion | attention heads peaked | LM head |", "|---|---|---|"]
-        for c in p["criteria"]:
-            heads = f"{c['n_attn_peaked']} of {c['n_attn']}" if c["measured"] else "not measured"
-            lines.append(f"| {c['label']} | {heads} | {_n(c['lm_head'])} |")
-        lines.append("")
+        lines += _table(["criterion", "attention heads peaked", "LM head"],
+                        [[c["label"], f"{c['n_attn_peaked']} of {c['n_attn']}" if c["measured"]
+                          else "not measured", _n(c["lm_head"])] for c in p["criteria"]])
     ck = s["checkpoints"]
     lines += ["## Checkpoint integrity", ""]
     if ck["duplicates"]:
@@ -194,30 +196,22 @@ def summary_markdown(s: dict) -> str:
         lines += [
             "## Evidence per kind",
             "",
-            "| kind | peaked | share of L − L0 [CI] | q | gain decay α [CI] | verdict | logit_std growth α [CI] | verdict |",
-            "|---|---|---|---|---|---|---|---|",
         ]
-        for k in b["kinds"]:
-            lines.append(
-                f"| {k['label']} | {_yes(k['peaked'])} | {_pct(k['share'])} [{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] "
-                f"| {_n(k['q_share'])} | {_n(k['alpha_gain'])} [{_n(k['alpha_gain_lo'])}, {_n(k['alpha_gain_hi'])}] "
-                f"| {k['gain_verdict'] or '—'} | {_n(k['alpha_growth'])} [{_n(k['alpha_growth_lo'])}, {_n(k['alpha_growth_hi'])}] "
-                f"| {k['growth_verdict'] or '—'} |"
-            )
-        lines.append("")
+        lines += _table(
+            ["kind", "peaked", "share of L − L0 [CI]", "q", "gain decay α [CI]", "verdict",
+             "logit_std growth α [CI]", "verdict"],
+            [[k["label"], _yes(k["peaked"]), _share(k), _n(k["q_share"]), _interval(k, "alpha_gain"),
+              k["gain_verdict"] or "—", _interval(k, "alpha_growth"), k["growth_verdict"] or "—"]
+             for k in b["kinds"]])
     if b["top_sites"]:
         lines += [
             "## Top sites",
             "",
-            "| site | peaked | share [CI] | gain α | verdict | class | sensitivity |",
-            "|---|---|---|---|---|---|---|",
         ]
-        for t in b["top_sites"]:
-            lines.append(
-                f"| {_label(t)} | {_yes(t['peaked'])} | {_pct(t['share'])} [{_pct(t['share_lo'])}, {_pct(t['share_hi'])}] "
-                f"| {_n(t['alpha_gain'])} | {t['gain_verdict'] or '—'} | {t['site_class'] or '—'} | {_n(t['sensitivity'])} |"
-            )
-        lines.append("")
+        lines += _table(
+            ["site", "peaked", "share [CI]", "gain α", "verdict", "class", "sensitivity"],
+            [[_label(t), _yes(t["peaked"]), _share(t), _n(t["alpha_gain"]), t["gain_verdict"] or "—",
+              t["site_class"] or "—", _n(t["sensitivity"])] for t in b["top_sites"]])
     sens = s["sensitivity"]
     lines.append("## Sensitivity ranking")
     lines.append("")
@@ -227,14 +221,10 @@ def summary_markdown(s: dict) -> str:
         lines += [
             "Most negative d loss / d log β first.",
             "",
-            "| site | d loss / d log β | α | class |",
-            "|---|---|---|---|",
         ]
-        for t in sens["top"]:
-            lines.append(
-                f"| {_label(t)} | {_n(t['sensitivity'])} | {_n(t['alpha'])} | {t['site_class'] or '—'} |"
-            )
-        lines.append("")
+        lines += _table(["site", "d loss / d log β", "α", "class"],
+                        [[_label(t), _n(t["sensitivity"]), _n(t["alpha"]), t["site_class"] or "—"]
+                         for t in sens["top"]])
     c, d = s["checkpoints"], s["data"]
     lines += [
         "## Provenance",
