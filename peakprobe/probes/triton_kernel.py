@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -335,34 +336,19 @@ def _operands(query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, tor
 
 @torch.no_grad()
 def attention_head_sums_triton(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    *,
-    scaling: float,
-    mask: MaskSpec,
-    softcap: float | None = None,
-    row_valid: torch.Tensor | None = None,
-    chunk: int = 32,
-    dtype: torch.dtype = torch.float32,
-    sinks: torch.Tensor | None = None,
-    position_bias: torch.Tensor | None = None,
+    query: torch.Tensor, key: torch.Tensor, **options: Any
 ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
-    """Drop-in for ``attention_head_sums``: every attention statistic, the base ones
-    (``vocab.ATTN_METRICS``) from the kernel.
+    """Drop-in for ``attention_head_sums`` (the same arguments): every attention statistic, the
+    base ones (``vocab.ATTN_METRICS``) from the kernel.
 
     The kernel does not compute the entropy-equivalent peakedness, the ``_xsink`` statistics,
     learned sinks or a position bias: the torch path fills those (so this costs the torch
     path plus the kernel), and runs alone for sinks, a position bias or a float64 request."""
     kernel = None
-    if dtype != torch.float64 and sinks is None and position_bias is None:
-        kernel = kernel_head_sums(
-            query, key, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
-            chunk=chunk, dtype=dtype,
-        )  # fmt: skip (first: it checks the inputs)
-    names, sums, counts = attention_head_sums(
-        query, key, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
-        chunk=chunk, dtype=dtype, sinks=sinks, position_bias=position_bias,
-    )  # fmt: skip
+    extra = {name: options.pop(name, None) for name in ("sinks", "position_bias")}
+    if options.get("dtype", torch.float32) != torch.float64 and not any(v is not None for v in extra.values()):
+        kernel = kernel_head_sums(query, key, **options)  # first: it checks the inputs
+    names, sums, counts = attention_head_sums(query, key, **options, **extra)
     if kernel is not None:
         cols = [names.index(name) for name in ATTN_METRICS]
         sums[:, cols] = kernel[1].to(sums.device)
@@ -372,14 +358,8 @@ def attention_head_sums_triton(
 
 @torch.no_grad()
 def kernel_head_sums(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    *,
-    scaling: float,
-    mask: MaskSpec,
-    softcap: float | None = None,
-    row_valid: torch.Tensor | None = None,
-    chunk: int = 32,
+    query: torch.Tensor, key: torch.Tensor, *, scaling: float, mask: MaskSpec,
+    softcap: float | None = None, row_valid: torch.Tensor | None = None, chunk: int = 32,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
     """Per-head sums and row counts of the base attention statistics, from one Triton kernel.
