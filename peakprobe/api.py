@@ -82,14 +82,21 @@ def index(
     """The checkpoints of ``source`` (a family name, hub id or local run folder), optionally a
     subset; offline, the revisions held in the HF cache. ``schedule`` is a schedule file (JSON,
     CSV or trainer_state.json) that gives tau."""
-    from .checkpoints_index import select_available
+    from .checkpoints_index import Selection
 
     full = _resolve(source, schedule)
     available, where, offline = _available(full, check_hub=False)
-    if n is None and not (steps or step_range or revisions):
+    selection = Selection(n, spacing, steps, step_range, revisions)
+    if selection.empty:
         return available
-    seq, note = select_available(full, available, where=where, n=n, spacing=spacing, steps=steps,
-                                 step_range=step_range, revisions=revisions,
+    return _select(full, available, where, offline, selection)
+
+
+def _select(full, available, where: str, offline: bool, selection):
+    """``select_available`` with its note said (one line on stderr)."""
+    from .checkpoints_index import select_available
+
+    seq, note = select_available(full, available, where=where, selection=selection,
                                  complete=not offline or full.family == "pythia")
     if note:
         _note(note)
@@ -130,7 +137,7 @@ def sweep(
     """
     from dataclasses import replace as _replace
 
-    from .checkpoints_index import select_available
+    from .checkpoints_index import Selection
     from .data import DataError, load_eval_data, window_for
     from .sweep import SweepConfig, SweepError, load_config, load_tokenizer, parse_shard
     from .sweep import sweep as run_sweep
@@ -148,11 +155,7 @@ def sweep(
             "give real text with --data FILE.txt|FILE.jsonl or --data hf:NAME[:CONFIG]:SPLIT"
         )
     available, where, offline = _available(full, check_hub=True)
-    seq, note = select_available(full, available, where=where, n=n, spacing=spacing, steps=steps,
-                                 step_range=step_range, revisions=revisions,
-                                 complete=not offline or full.family == "pythia")
-    if note:
-        _note(note)
+    seq = _select(full, available, where, offline, Selection(n, spacing, steps, step_range, revisions))
     unknown = [c.revision for c in seq if c.tau is None]
     if unknown:
         _note(f"tau is unknown for {len(unknown)} of {len(seq)} checkpoints of {seq.name} "

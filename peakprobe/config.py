@@ -74,16 +74,11 @@ class ProbeConfig:
 
     def describe(self) -> dict:
         """The manifest's ``probe`` entry (the sweep adds the attribution method's description)."""
-        return {
-            "chunk": self.chunk,
-            "dtype": self.dtype,
-            "sensitivity": self.sensitivity,
-            "backend": self.backend,
-            "lm_chunk": self.lm_chunk,
-            "attribution": {"windows": self.attribution_windows, "heads": self.attribution_heads}
-            if self.attribution else None,
-            "fused": self.fused,
-        }
+        d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("attribution_")}
+        d["attribution"] = (
+            {"windows": self.attribution_windows, "heads": self.attribution_heads} if self.attribution else None
+        )
+        return d
 
 
 @dataclass

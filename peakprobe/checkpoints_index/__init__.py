@@ -75,7 +75,7 @@ from .schedules import (
     schedule_from_json,
     schedule_from_trainer_state,
 )
-from .selection import restrict_to_cache, select_available, with_schedule
+from .selection import Selection, restrict_to_cache, select_available, with_schedule
 
 __all__ = [
     "ACCEPTED_FORMS",
@@ -97,6 +97,7 @@ __all__ = [
     "read_schedule_file",
     "restrict_to_cache",
     "schedule_from_csv",
+    "Selection",
     "select_available",
     "with_schedule",
     "BUILTIN_FAMILIES_TEXT",

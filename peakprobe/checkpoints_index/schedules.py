@@ -21,7 +21,7 @@ import json
 import math
 import warnings
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -108,13 +108,7 @@ class _WarmupDecay(ABC):
         return _out(warm + mid + tail, scalar)
 
     def to_json(self) -> dict:
-        return {
-            "kind": self.KIND,
-            "lr_max": self.lr_max,
-            "warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
-            "final_lr_ratio": self.final_lr_ratio,
-        }
+        return {"kind": self.KIND, **asdict(self)}
 
     def describe(self) -> str:
         return (

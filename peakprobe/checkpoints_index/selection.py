@@ -7,7 +7,7 @@ they return what is available and one line saying what was requested but is miss
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .cache import cached_refs
 from .errors import SelectionError, UnknownRevisionError
@@ -32,17 +32,25 @@ def _short(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which checkpoints to take: the arguments of ``CheckpointSequence.select``."""
+
+    n: int | None = None
+    spacing: str = "log"
+    steps: list[int] | None = None
+    step_range: tuple[int, int] | None = None
+    revisions: list[str] | None = None
+
+    @property
+    def empty(self) -> bool:
+        """Nothing was asked for (each family's default selection applies)."""
+        return self.n is None and not (self.steps or self.step_range or self.revisions)
+
+
 def select_available(
-    full: CheckpointSequence,
-    available: CheckpointSequence,
-    *,
-    where: str,
-    n: int | None = None,
-    spacing: str = "log",
-    steps: list[int] | None = None,
-    step_range: tuple[int, int] | None = None,
-    revisions: list[str] | None = None,
-    complete: bool = True,
+    full: CheckpointSequence, available: CheckpointSequence, *, where: str,
+    selection: Selection = Selection(), complete: bool = True,
 ) -> tuple[CheckpointSequence, str | None]:
     """Select among ``available`` (a subset of ``full``); returns the selection and a one-line
     note on what was requested but is not available (None when nothing is missing).
@@ -55,6 +63,7 @@ def select_available(
         raise SelectionError(f"none of the {len(full)} revisions of {full.name} is {where}")
     have = set(available.revisions)
     note = None
+    n, steps, step_range, revisions = selection.n, selection.steps, selection.step_range, selection.revisions
     if steps is not None or revisions is not None:
         keys = sorted(set(int(s) for s in steps)) if steps is not None else list(dict.fromkeys(revisions))
         missing, present = [], []
@@ -77,7 +86,7 @@ def select_available(
         if full.family == "pythia":
             return available.select(steps=pythia_default_steps(available.steps)), None
         return available, None
-    picked = available.select(n=n, spacing=spacing, step_range=step_range)
+    picked = available.select(n=n, spacing=selection.spacing, step_range=step_range)
     if n is not None and len(picked) < n and len(available) < n:
         note = (f"requested {n} checkpoints, selected {len(picked)}: only {len(available)} of the "
                 f"{len(full)} revisions of {full.name} are {where}")
