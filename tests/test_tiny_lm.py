@@ -20,7 +20,7 @@ from peakprobe import corpus
 from peakprobe.toy import tiny_lm
 from peakprobe.toy.tiny_lm import TinyLMConfig, TinyLMError, train_tiny_lm
 
-CAPTURE = "peakprobe_test_capture"
+CAPTURE = "peakprobe_test_capture"  # unregistered after use: hook-hygiene tests look for these
 _captured: dict[int, list[torch.Tensor]] = {}
 
 
@@ -44,9 +44,12 @@ def head_logit_stats(folder: Path, input_ids: torch.Tensor) -> tuple[torch.Tenso
 
     AttentionInterface.register(CAPTURE, _capture_attention)
     _captured.clear()
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=CAPTURE).eval()
-    with torch.no_grad():
-        model(input_ids=input_ids)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=CAPTURE).eval()
+        with torch.no_grad():
+            model(input_ids=input_ids)
+    finally:
+        AttentionInterface._global_mapping.pop(CAPTURE, None)
     t = input_ids.shape[1]
     threshold = torch.sqrt(2 * torch.log(torch.arange(1, t + 1, dtype=torch.float32)))  # (T,)
     stds, peaked = [], []
@@ -261,15 +264,19 @@ def test_default_checkpoints_are_log_spaced():
 
 def test_capture_helper_reproduces_the_model(quick_run):
     """The measuring helper must compute the model's own attention (checked against sdpa)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AttentionInterface, AutoModelForCausalLM
 
     out, cfg = quick_run
     ids = _eval_ids(corpus.build_tokenizer(), 2, cfg.seq_len)
     head_logit_stats(out / f"step{cfg.steps}", ids)
-    captured = AutoModelForCausalLM.from_pretrained(out / f"step{cfg.steps}", attn_implementation=CAPTURE)
-    reference = AutoModelForCausalLM.from_pretrained(out / f"step{cfg.steps}", attn_implementation="sdpa")
-    with torch.no_grad():
-        a, b = captured(input_ids=ids).logits, reference(input_ids=ids).logits
+    AttentionInterface.register(CAPTURE, _capture_attention)
+    try:
+        captured = AutoModelForCausalLM.from_pretrained(out / f"step{cfg.steps}", attn_implementation=CAPTURE)
+        reference = AutoModelForCausalLM.from_pretrained(out / f"step{cfg.steps}", attn_implementation="sdpa")
+        with torch.no_grad():
+            a, b = captured(input_ids=ids).logits, reference(input_ids=ids).logits
+    finally:
+        AttentionInterface._global_mapping.pop(CAPTURE, None)
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
