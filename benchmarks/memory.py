@@ -13,6 +13,7 @@ Both are printed next to the size a full T x T x H float32 score matrix would ta
 quadratic baseline.
 
     python benchmarks/memory.py            # T = 512, 1024, 2048, 4096
+    python benchmarks/memory.py --backend compile
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def _rss_peak_mb(fn: Callable[[], object], repeats: int = 3) -> float:
     return best
 
 
-def measure(lengths: list[int], heads: int = 8, chunk: int = 32) -> dict[int, dict[str, float]]:
+def measure(lengths: list[int], heads: int = 8, chunk: int = 32, backend: str = "auto"
+            ) -> dict[int, dict[str, float]]:
     torch.manual_seed(0)
     cfg = GPTNeoXConfig(
         vocab_size=64, hidden_size=8 * heads, num_hidden_layers=1, num_attention_heads=heads,
@@ -116,7 +118,7 @@ def measure(lengths: list[int], heads: int = 8, chunk: int = 32) -> dict[int, di
 
         plain()  # warm the allocator
         row = {"plain_live_mb": _live_peak_mb(plain), "plain_rss_mb": _rss_peak_mb(plain)}
-        with attach(model, ProbeConfig(chunk=chunk)) as probe:
+        with attach(model, ProbeConfig(chunk=chunk, backend=backend)) as probe:
 
             def probed(ids: torch.Tensor = ids) -> None:
                 probe.run_batch(ids)
@@ -135,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument("--backend", default="auto", help="the probes' backend (e.g. compile)")
     args = parser.parse_args(argv)
-    res = measure(args.lengths)
+    res = measure(args.lengths, backend=args.backend)
     if args.json:
         print(json.dumps(res))
         return 0

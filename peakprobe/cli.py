@@ -115,7 +115,10 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--head-gains", choices=HEAD_GAIN_MODES, default=d(ProbeConfig, "attribution_heads"),
                    help="single heads' gains: the local quadratic estimate (default, one loss "
                    "evaluation a head), the exact search (about six), or off (sensitivity only)")
-    m.add_argument("--backend", choices=BACKENDS, default=d(ProbeConfig, "backend"))
+    m.add_argument("--backend", choices=BACKENDS, default=d(ProbeConfig, "backend"),
+                   help="statistics path: auto (default: the Triton kernel on CUDA when installed, "
+                   "else torch), torch, compile (torch.compile fuses each block's passes: faster "
+                   "on long sweeps, one-off compile of minutes on CPU, needs a C++ compiler), triton")
     m.add_argument("--fused-attention", action="store_true",
                    help="compute attention outputs from the probe's own scores (QK^T once; outputs "
                    "within rounding of eager, not bit-identical; off by default)")

@@ -16,7 +16,7 @@ WEIGHT_DTYPES: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")
 STATS_DTYPES: tuple[str, ...] = ("float32", "float64")
 #: how single heads' optimal-temperature gains are found
 HEAD_GAIN_MODES: tuple[str, ...] = ("estimate", "search", "off")
-BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
+BACKENDS: tuple[str, ...] = ("auto", "torch", "compile", "triton")
 
 
 class ConfigError(ValueError):
@@ -36,8 +36,10 @@ class ProbeConfig:
     attribution_heads: single heads' gains: "estimate" (the local quadratic estimate, one
         loss evaluation a head), "search" (the exact 1-D search, about six), "off" (sensitivity
         only).
-    backend: "torch", "triton" (forced; on CPU it needs TRITON_INTERPRET=1) or "auto" (the
-        Triton kernel for CUDA tensors when triton is installed, torch otherwise).
+    backend: "torch", "compile" (the torch path with each block's reductions fused by
+        ``torch.compile``: fewer passes, a compile of tens of seconds on first use; on CPU it
+        needs a C++ compiler), "triton" (forced; on CPU it needs TRITON_INTERPRET=1) or "auto"
+        (the Triton kernel for CUDA tensors when triton is installed, torch otherwise).
     lm_chunk: token positions per block of LM-head logits.
     fused: compute each attention output from the probe's own scores (QK^T once; outputs
         within float rounding of eager attention, not bit-identical to the model's own path).

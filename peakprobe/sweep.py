@@ -39,7 +39,7 @@ from .checkpoints_index.integrity import integrity_record
 from .config import ConfigError, ProbeConfig, SweepConfig
 from .data import DataError, EvalData
 from .hf import quiet_transformers_progress
-from .hooks import UnsupportedModelError, attach
+from .hooks import CompileError, UnsupportedModelError, attach
 from .hooks.attribution import attribute
 from .hooks.search import describe_attribution
 from .version import __version__
@@ -453,7 +453,7 @@ def sweep(
             frame = probe_model(model, data, config, progress=progress, desc=ckpt.revision)
             results.write_checkpoint(run_dir, ckpt.revision, _tidy(frame, seq, ckpt))
             summary.done.append(ckpt.revision)
-        except UnsupportedModelError:
+        except (UnsupportedModelError, CompileError):
             raise  # every checkpoint of the family would fail the same way
         except Exception as exc:
             results.append_failure(run_dir, {

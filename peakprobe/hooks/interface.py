@@ -14,6 +14,7 @@ softcapping included) by a forward hook on the model. ``attach`` undoes all of i
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 from collections.abc import Callable, Iterator
@@ -34,6 +35,7 @@ from ..probes import (
     attention_head_sums,
     row_stats,
 )
+from ..probes.rows import block_sums
 
 _names = itertools.count()
 _STATS_DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -78,6 +80,13 @@ def _softmax_kwargs(module, query, key, attention_mask, kwargs: dict) -> dict:
     }
 
 
+def _check_compile(dtype: torch.dtype) -> None:
+    """Backend "compile": build the fused reductions now, so a missing compiler is one
+    ``CompileError`` before anything runs, not a failure at every checkpoint."""
+    with torch.no_grad():  # as the probes run (grad mode is part of what is compiled)
+        block_sums(torch.zeros(2, 2, 4, dtype=dtype), compiled=True)
+
+
 def _triton_sums() -> Callable | None:
     try:
         from ..probes.triton_kernel import attention_head_sums_triton
@@ -99,7 +108,11 @@ class Probe:
         self._attention_mask: torch.Tensor | None = None
         self.n_attention_calls = 0
         self.last_loss = float("nan")
+        self._compiled = config.backend == "compile"
         self._sums_fn = attention_head_sums
+        if self._compiled:
+            self._sums_fn = functools.partial(attention_head_sums, compiled=True)
+            _check_compile(_STATS_DTYPES[config.dtype])
         if config.backend == "triton" or config.backend == "auto":
             fast = _triton_sums()
             if config.backend == "triton" and fast is None:
@@ -178,7 +191,8 @@ class Probe:
                 z = logits[:, t0:t1].detach().to(dtype)  # (B, C, V)
                 valid = torch.ones(1, 1, z.shape[-1], dtype=torch.bool, device=z.device)
                 stats = row_stats(
-                    z, valid, mask[:, t0:t1].to(z.device), target=target[:, t0:t1].to(z.device)
+                    z, valid, mask[:, t0:t1].to(z.device), target=target[:, t0:t1].to(z.device),
+                    compiled=self._compiled,
                 )
                 self.accumulator.add_rows(SiteGroup("lm_head", -1), stats, head_dim=None)
                 loss_sum += (stats.values["loss"] * stats.weight["loss"]).sum().item()

@@ -51,7 +51,7 @@ import torch
 from .. import results, vocab
 from ..checkpoints_index import Checkpoint, CheckpointSequence, schedule_from_json
 from ..data import EvalData
-from ..hooks import UnsupportedModelError
+from ..hooks import CompileError, UnsupportedModelError
 from ..sweep import (
     DTYPES,
     SweepConfig,
@@ -303,7 +303,7 @@ class Monitor:
                 frame = probe_model(self.model, self.data, self.config)
             tidy = tidy_frame(frame, self._sequence(), ckpt)
             results.write_checkpoint(self.run_dir, ckpt.revision, tidy)
-        except UnsupportedModelError:
+        except (UnsupportedModelError, CompileError):
             raise  # every probe of this model would fail the same way
         except Exception as exc:  # never fatal to the training
             error = f"{type(exc).__name__}: {exc}".splitlines()[0]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .gaussian_entropy import curve_table
 from .rows import Sums, attn_metric_names, finish, merge, normalized, raw_block_sums, single
 
 
@@ -99,7 +100,7 @@ def _fused_part(z, m, valid, v, dtype) -> torch.Tensor:
     return _grouped_matmul(e, v.to(dtype))
 
 
-def _structured_chunk(z, value, dtype) -> _Chunk:
+def _structured_chunk(z, value, dtype, compiled: bool) -> _Chunk:
     """Causal (or full) structure, no mask tensor, no window: z holds key 0 and the keys every
     row of the chunk sees (no mask work at all); the diagonal block is done apart."""
     first = z[..., 0].clone()  # no view: the chunk's block must not stay alive
@@ -108,10 +109,10 @@ def _structured_chunk(z, value, dtype) -> _Chunk:
         v = value[:, :, 1 : z.shape[-1]].to(dtype)
         core, out = raw_block_sums(z[..., 1:], weigh=lambda e: _grouped_matmul(e, v))
         return _Chunk(core, _empty(z), first, present, out, core.m)
-    return _Chunk(raw_block_sums(z[..., 1:]), _empty(z), first, present)
+    return _Chunk(raw_block_sums(z[..., 1:], compiled=compiled), _empty(z), first, present)
 
 
-def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype):
+def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compiled):
     """The masked part of causal rows, all chunks at once: query row r of chunk [i0, i1) sees
     keys i0 + off + 1 .. r + off. Returns raw ``Sums`` (B, H, Tq) and, fused, the part's
     e-weighted values (B, H, Tq, Dv)."""
@@ -141,19 +142,19 @@ def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype):
 
         sums, out = raw_block_sums(z, valid, weigh=weigh)
     else:
-        sums = raw_block_sums(z, valid)
+        sums = raw_block_sums(z, valid, compiled=compiled)
     sums = Sums(*(getattr(sums, f).reshape(b, h, n_c * chunk)[:, :, :tq] for f in Sums.__dataclass_fields__))
     return sums, out
 
 
-def _masked_chunk(z, valid, value, dtype, k0) -> _Chunk:
+def _masked_chunk(z, valid, value, dtype, k0, compiled: bool) -> _Chunk:
     """Any mask: one masked fill; the first visible key of each row is found and left out."""
     idx = valid.to(torch.int8).argmax(-1, keepdim=True)  # (B|1, 1|H, C, 1) first visible
     present = valid.gather(-1, idx).squeeze(-1)
     first = z.gather(-1, idx.expand(*z.shape[:-1], 1)).squeeze(-1)
     first = torch.where(present, first, torch.zeros((), dtype=z.dtype, device=z.device))
     rest_valid = valid.scatter(-1, idx, False)
-    rest = raw_block_sums(z, rest_valid)
+    rest = raw_block_sums(z, rest_valid, compiled=compiled)
     chunk = _Chunk(_empty(z), rest, first, present)
     if value is not None:  # every visible key, first included, relative to their max
         keys = merge(normalized(rest), single(first, present))
@@ -169,8 +170,33 @@ def _cat_sums(parts: list[Sums], shape: tuple[int, ...]) -> Sums:
     return Sums(*(torch.cat([getattr(p, f).expand(shape[:2] + getattr(p, f).shape[2:]) for p in parts], dim=2) for f in fields))
 
 
+def _head_sums(core_raw: Sums, edge_raw: Sums, first, present, ok, sink, names):
+    """Per-head sums (H, M) and counts (H, M) of the statistics ``names`` from the rows' raw
+    sums: core and edge parts (B, H, Tq), the first visible key's logit, kept rows ``ok``."""
+    rest = merge(normalized(core_raw), normalized(edge_raw))
+    keys = merge(rest, single(first, present))
+    stats = finish(keys, ok, first=first, rest=rest, sink=sink)
+    b, h, tq = ok.shape
+    sums = torch.stack([(stats.values[n] * stats.weight[n]).sum(dim=(0, 2)) for n in names], -1)
+    counts = torch.stack([stats.weight[n].expand(b, h, tq).sum(dim=(0, 2)) for n in names], -1)
+    return sums, counts, keys
+
+
+_COMPILED: list = []
+
+
+def _compiled_head_sums():
+    """``_head_sums`` compiled (backend "compile"): its few hundred small per-row float64 ops
+    become one or two loops."""
+    if not _COMPILED:
+        curve_table()  # loaded before tracing: the trace must not see it unloaded
+        _COMPILED.append(torch.compile(_head_sums, dynamic=True))
+    return _COMPILED[0]
+
+
 @torch.no_grad()
-def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, sinks, bias):
+def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, sinks, bias,
+         compiled=False):
     b, h, tq, _ = query.shape
     tk = key.shape[2]
     off = mask.q_offset
@@ -196,7 +222,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
         if bias is not None:
             z = z + bias[:, :, i0:i1, lo:hi].to(dtype)
         if diagonal or (structured and not mask.causal):
-            ch = _structured_chunk(z, value, dtype)
+            ch = _structured_chunk(z, value, dtype, compiled)
         else:
             if mask.mask is None:
                 valid = _index_valid(mask, i0, i1, lo, hi, z.device)
@@ -207,22 +233,20 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
                 else:
                     valid = m > torch.finfo(m.dtype).min / 2
                     z = z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype)
-            ch = _masked_chunk(z, valid, value, dtype, lo)
+            ch = _masked_chunk(z, valid, value, dtype, lo, compiled)
         chunks.append(ch)
     chunks.reverse()
-    core = normalized(_cat_sums([c.core for c in chunks], (b, h)))  # (B, H, Tq)
+    core_raw = _cat_sums([c.core for c in chunks], (b, h))  # (B, H, Tq)
     diag_out = None
     if diagonal:
         edge_raw, diag_out = _diagonal(
-            query, key, value, scaling=scaling, softcap=softcap, chunk=chunk, off=off, dtype=dtype
+            query, key, value, scaling=scaling, softcap=softcap, chunk=chunk, off=off, dtype=dtype,
+            compiled=compiled,
         )
     else:
         edge_raw = _cat_sums([c.edge for c in chunks], (b, h))
-    edge = normalized(edge_raw)
-    rest = merge(core, edge)
     first = torch.cat([c.first for c in chunks], dim=2).to(torch.float64)  # (B, H, Tq)
     present = torch.cat([c.present.expand(b, h, -1) for c in chunks], dim=2)
-    keys = merge(rest, single(first, present))
     ok = torch.ones(b, h, tq, dtype=torch.bool, device=query.device)
     if row_valid is not None:
         ok = ok & row_valid.bool().view(b, 1, tq)
@@ -231,10 +255,9 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
         sink = sinks.to(torch.float64)
         sink = sink.view(1, h, 1) if sink.dim() == 1 else sink.reshape(b, h, tq)  # (H,) or (B, H, Tq, 1)
         sink = sink.expand(b, h, tq)
-    stats = finish(keys, ok, first=first, rest=rest, sink=sink)
     names = attn_metric_names(sinks is not None)
-    sums = torch.stack([(stats.values[n] * stats.weight[n]).sum(dim=(0, 2)) for n in names], -1)
-    counts = torch.stack([stats.weight[n].expand(b, h, tq).sum(dim=(0, 2)) for n in names], -1)
+    reduce = _compiled_head_sums() if compiled else _head_sums
+    sums, counts, keys = reduce(core_raw, edge_raw, first, present, ok, sink, names)
     out = None
     if value is not None:
         lse = stats_lse(keys, sink)  # (B, H, Tq)
@@ -276,6 +299,7 @@ def attention_head_sums(
     dtype: torch.dtype = torch.float32,
     sinks: torch.Tensor | None = None,
     position_bias: torch.Tensor | None = None,
+    compiled: bool = False,
 ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
     """Per-head sums and row counts of every attention statistic.
 
@@ -286,13 +310,15 @@ def attention_head_sums(
             results are float64.
         sinks: learned sink logits, (H,) or (B, H, Tq, 1): one more softmax option per row.
         position_bias: additive (B|1, H, Tq, Tk) bias on the scores, before the mask.
+        compiled: reduce each block with the ``torch.compile``-fused sums (``rows``): the
+            same statistics in about two passes over the block instead of one per op.
 
     Returns:
         (metric names, sums (H, M) float64, counts (H, M) float64).
     """
     names, sums, counts, _ = _run(
         query, key, None, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
-        chunk=chunk, dtype=dtype, sinks=sinks, bias=position_bias,
+        chunk=chunk, dtype=dtype, sinks=sinks, bias=position_bias, compiled=compiled,
     )  # fmt: skip
     return names, sums, counts
 

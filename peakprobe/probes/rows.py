@@ -96,23 +96,68 @@ def top2(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return m.squeeze(-1), m2
 
 
-def block_sums(x: torch.Tensor, valid: torch.Tensor | None = None) -> Sums:
+def block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, *, compiled: bool = False) -> Sums:
     """Per-row ``Sums`` of x (..., N) over the options where ``valid`` (broadcastable bool) is
     True, or over all N when ``valid`` is None (no masking work at all). Passes over the block:
     top-2, z - m, exp, and four reductions; computed in x's dtype, returned in float64."""
-    return normalized(raw_block_sums(x, valid))
+    return normalized(raw_block_sums(x, valid, compiled=compiled))
 
 
-def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=None):
+def _fused_sums(x: torch.Tensor, valid: torch.Tensor | None, clamp_lo: float, low: float):
+    """``raw_block_sums`` written for ``torch.compile``: the compiler fuses it into about two
+    loops over the block (the max, then every sum), where eager torch makes a pass per op."""
+    if valid is not None:
+        x = torch.where(valid, x, low)
+        n = valid.sum(-1).to(x.dtype).expand(x.shape[:-1])
+    else:
+        n = torch.full(x.shape[:-1], float(x.shape[-1]), dtype=x.dtype, device=x.device)
+    m = x.amax(-1, keepdim=True)
+    top = x == m
+    # a tied maximum counts twice, as topk(2) gives it
+    m2 = torch.where(top.sum(-1) > 1, m.squeeze(-1), torch.where(top, float("-inf"), x).amax(-1))
+    d = x - m  # (..., N) <= 0
+    c = d.clamp(min=clamp_lo)
+    e = c.exp()
+    if valid is not None:
+        d = torch.where(valid, d, 0.0)
+    return n, m.squeeze(-1), m2, e.sum(-1), (e * c).sum(-1), d.sum(-1), (d * d).sum(-1)
+
+
+_COMPILED: list = []  # the compiled ``_fused_sums``, made on first use
+
+
+class CompileError(ValueError):
+    """``torch.compile`` cannot build the fused reductions here (one line; fatal to a sweep)."""
+
+
+def _compiled_sums(x: torch.Tensor, valid: torch.Tensor | None) -> Sums:
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(_fused_sums, dynamic=True))
+    try:
+        out = _COMPILED[0](x, valid, _CLAMP.get(x.dtype, _CLAMP[torch.float64]), _low(x.dtype))
+    except Exception as err:  # inductor needs a C++ compiler (CPU) or triton (CUDA)
+        raise CompileError(
+            f"backend 'compile' failed in torch.compile ({type(err).__name__}: "
+            f"{str(err).strip().splitlines()[0][:200] if str(err).strip() else 'no message'}); "
+            "use --backend torch"
+        ) from err
+    return Sums(*out)
+
+
+def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=None, *,
+                   compiled: bool = False):
     """``block_sums`` before ``normalized``: in x's dtype, and rows with no valid option (or
     one) hold placeholders. Raw sums of several blocks can be concatenated and normalised at
     once (fewer small operations per block).
 
     ``weigh``: a function of the block's e^(z - m) (valid entries; hidden ones are below
     e^-69), e.g. their product with the values (the fused attention output); then the result
-    is ``(sums, weigh(e))``."""
+    is ``(sums, weigh(e))``. ``compiled``: the same sums from ``torch.compile`` (``_fused_sums``;
+    not with ``weigh``)."""
     rows = x.shape[:-1]
     n_cols = x.shape[-1]
+    if compiled and weigh is None and n_cols >= 2:
+        return _compiled_sums(x, valid)
     if n_cols == 0:
         zero = torch.zeros(rows, dtype=x.dtype, device=x.device)
         return Sums(zero, zero, zero, zero, zero, zero, zero)
@@ -299,6 +344,7 @@ def row_stats(
     *,
     first_key: bool = False,
     target: torch.Tensor | None = None,
+    compiled: bool = False,
 ) -> RowStats:
     """Statistics of each row of ``z`` over the options where ``valid`` is True.
 
@@ -312,6 +358,7 @@ def row_stats(
             first valid option left out; the first real token in a left-padded batch).
         target: int64 of shape ``R``: index of the next token (-1: none), to report ``loss``,
             ``target_prob`` and ``target_logit_minus_mean`` (LM head).
+        compiled: the block reductions from ``torch.compile`` (``raw_block_sums``).
     """
     rows = z.shape[:-1]
     all_valid = bool(valid.all())
@@ -325,12 +372,12 @@ def row_stats(
         tv = valid.expand_as(z).gather(-1, t).squeeze(-1)
         zt = torch.where((target >= 0) & tv, zt, torch.full_like(zt, float("nan")))
     if not first_key:
-        keys = block_sums(z, None if all_valid else valid)
+        keys = block_sums(z, None if all_valid else valid, compiled=compiled)
         return finish(keys, ok, target_logit=zt)
     v = valid.expand_as(z)
     idx = v.to(torch.int8).argmax(-1, keepdim=True)  # first True per row
     present = v.gather(-1, idx).squeeze(-1)
     zf = z.gather(-1, idx).squeeze(-1)
-    rest = block_sums(z, v.scatter(-1, idx, False))
+    rest = block_sums(z, v.scatter(-1, idx, False), compiled=compiled)
     keys = merge(rest, single(zf, present))
     return finish(keys, ok, first=zf, rest=rest, target_logit=zt)
