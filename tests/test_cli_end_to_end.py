@@ -103,12 +103,15 @@ def test_compile_backend_without_a_working_compiler_is_one_error_before_any_chec
         finished_run, tmp_path, capsys, monkeypatch):
     """backend compile where torch.compile cannot build (no C++ compiler): one line, exit 2,
     no checkpoint probed or recorded as failed (the check runs before the first probe)."""
+    import torch
+
     from peakprobe.probes import rows
 
     def broken(*args, **kwargs):
         raise RuntimeError("InductorError: CppCompileError: C++ compile error\ncommand: g++ ...")
 
-    monkeypatch.setattr(rows, "_COMPILED", [broken])
+    monkeypatch.setattr(rows, "_COMPILED", {})
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: broken)  # fails when first run
     folder, _ = finished_run
     run = tmp_path / "compile"
     code = main(["sweep", str(folder), "--out", str(run), "--steps", "0,1", "--n-windows", "2",

@@ -23,7 +23,16 @@ from dataclasses import dataclass
 import torch
 
 from .gaussian_entropy import curve_table
-from .rows import Sums, attn_metric_names, finish, merge, normalized, raw_block_sums, single
+from .rows import (
+    Sums,
+    attn_metric_names,
+    compiled_call,
+    finish,
+    merge,
+    normalized,
+    raw_block_sums,
+    single,
+)
 
 
 @dataclass(frozen=True)
@@ -182,16 +191,11 @@ def _head_sums(core_raw: Sums, edge_raw: Sums, first, present, ok, sink, names):
     return sums, counts, keys
 
 
-_COMPILED: list = []
-
-
-def _compiled_head_sums():
+def _compiled_head_sums(*args):
     """``_head_sums`` compiled (backend "compile"): its few hundred small per-row float64 ops
     become one or two loops."""
-    if not _COMPILED:
-        curve_table()  # loaded before tracing: the trace must not see it unloaded
-        _COMPILED.append(torch.compile(_head_sums, dynamic=True))
-    return _COMPILED[0]
+    curve_table()  # loaded before tracing: the trace must not see it unloaded
+    return compiled_call(_head_sums, *args)
 
 
 @torch.no_grad()
@@ -256,7 +260,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
         sink = sink.view(1, h, 1) if sink.dim() == 1 else sink.reshape(b, h, tq)  # (H,) or (B, H, Tq, 1)
         sink = sink.expand(b, h, tq)
     names = attn_metric_names(sinks is not None)
-    reduce = _compiled_head_sums() if compiled else _head_sums
+    reduce = _compiled_head_sums if compiled else _head_sums
     sums, counts, keys = reduce(core_raw, edge_raw, first, present, ok, sink, names)
     out = None
     if value is not None:

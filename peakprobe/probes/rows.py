@@ -123,25 +123,31 @@ def _fused_sums(x: torch.Tensor, valid: torch.Tensor | None, clamp_lo: float, lo
     return n, m.squeeze(-1), m2, e.sum(-1), (e * c).sum(-1), d.sum(-1), (d * d).sum(-1)
 
 
-_COMPILED: list = []  # the compiled ``_fused_sums``, made on first use
+_COMPILED: dict = {}  # function -> its torch.compile'd form, made on first use
 
 
 class CompileError(ValueError):
     """``torch.compile`` cannot build the fused reductions here (one line; fatal to a sweep)."""
 
 
-def _compiled_sums(x: torch.Tensor, valid: torch.Tensor | None) -> Sums:
-    if not _COMPILED:
-        _COMPILED.append(torch.compile(_fused_sums, dynamic=True))
+def compiled_call(fn, *args):
+    """``fn(*args)`` through ``torch.compile`` (dynamic shapes; compiled on first use). Any
+    failure is one ``CompileError`` line: inductor needs a C++ compiler (CPU) or triton (CUDA)."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
     try:
-        out = _COMPILED[0](x, valid, _CLAMP.get(x.dtype, _CLAMP[torch.float64]), _low(x.dtype))
-    except Exception as err:  # inductor needs a C++ compiler (CPU) or triton (CUDA)
+        return _COMPILED[fn](*args)
+    except Exception as err:
+        text = str(err).strip()
         raise CompileError(
             f"backend 'compile' failed in torch.compile ({type(err).__name__}: "
-            f"{str(err).strip().splitlines()[0][:200] if str(err).strip() else 'no message'}); "
-            "use --backend torch"
+            f"{text.splitlines()[0][:200] if text else 'no message'}); use --backend torch"
         ) from err
-    return Sums(*out)
+
+
+def _compiled_sums(x: torch.Tensor, valid: torch.Tensor | None) -> Sums:
+    low = _CLAMP.get(x.dtype, _CLAMP[torch.float64])
+    return Sums(*compiled_call(_fused_sums, x, valid, low, _low(x.dtype)))
 
 
 def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=None, *,
