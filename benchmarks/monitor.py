@@ -2,11 +2,13 @@
 the same training without it.
 
     python benchmarks/monitor.py [--steps N] [--windows W] [--threads T] [--no-sensitivity]
+                                 [--attribution-points K | --attribution-every-probe]
 
 The model, data, schedule and probe settings are the demo's (``peakprobe demo``): 800 updates of
 a 4-layer GPT-NeoX, probed at about 40 log-spaced steps after the warmup on the demo's 8
-windows of 256 tokens with the sensitivity pass. ``--steps`` shortens the training (the cadence stays 40
-probes, so the overhead ratio grows). Prints both times, the ratio, and the time spent probing.
+windows of 256 tokens, 8 of them (the Monitor's default) with the attribution on the first 2
+windows (``peakprobe.integrations.live_config``). ``--steps`` shortens the training (the cadence stays 40 probes, so the overhead ratio
+grows). Prints both times, the ratio, and the time spent probing.
 """
 
 from __future__ import annotations
@@ -17,12 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from peakprobe import corpus
+from peakprobe import corpus, vocab
 from peakprobe.api import DEMO_WINDOWS
 from peakprobe.data import load_eval_data
-from peakprobe.hooks import ProbeConfig
-from peakprobe.integrations import Monitor
-from peakprobe.sweep import SweepConfig
+from peakprobe.integrations import Monitor, live_config
 from peakprobe.toy.tiny_lm import TinyLMConfig, train_tiny_lm
 
 
@@ -40,23 +40,26 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=DEMO_WINDOWS)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-sensitivity", action="store_true")
+    parser.add_argument("--attribution-points", type=int, default=vocab.MONITOR_ATTRIBUTION_POINTS)
+    parser.add_argument("--attribution-every-probe", action="store_true")
     args = parser.parse_args()
     cfg = dataclasses.replace(TinyLMConfig(), steps=args.steps)
     tokenizer = corpus.build_tokenizer(model_max_length=max(2048, cfg.seq_len))
     data = load_eval_data("embedded", tokenizer, n_windows=args.windows, window=cfg.seq_len)
-    sweep_cfg = SweepConfig(batch_size=8, probe=ProbeConfig(sensitivity=not args.no_sensitivity))
+    sweep_cfg = dataclasses.replace(live_config(sensitivity=not args.no_sensitivity), batch_size=8)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         plain = _train(tmp / "plain", cfg, args.threads, None)
         monitor = Monitor(data, tmp / "run", total_steps=cfg.steps, start=max(1, cfg.warmup_steps),
-                          config=sweep_cfg, lr_max=cfg.lr_max, schedule=cfg.schedule())
+                          config=sweep_cfg, lr_max=cfg.lr_max, schedule=cfg.schedule(),
+                          attribution_points=None if args.attribution_every_probe else args.attribution_points)
         with monitor:
             live = _train(tmp / "live", cfg, args.threads, monitor)
     n = len(monitor.done)
     print(f"tiny LM: {cfg.steps} updates, {cfg.n_layers} layers x {cfg.n_heads} heads, batch "
           f"{cfg.batch_size} x {cfg.seq_len} tokens, {args.threads} thread(s)")
-    print(f"probes: {n} at the default cadence, {args.windows} windows x {cfg.seq_len} tokens, "
-          f"sensitivity {'off' if args.no_sensitivity else 'on'}")
+    print(f"probes: {n} at the default cadence, {args.windows} windows x {cfg.seq_len} tokens; "
+          f"attribution at {len(monitor.attribution_steps)} of them")
     print(f"without monitor: {plain[0]:8.1f} s wall  {plain[1]:8.1f} s CPU")
     print(f"with monitor:    {live[0]:8.1f} s wall  {live[1]:8.1f} s CPU  "
           f"({monitor.probe_seconds:.1f} s probing, {monitor.probe_seconds / max(n, 1):.2f} s per probe)")

@@ -208,16 +208,14 @@ def demo(out: str | os.PathLike = "peakprobe-demo", *, quick: bool = False, prog
     """
     from . import corpus
     from .data import load_eval_data
-    from .hooks import ProbeConfig
-    from .integrations import Monitor
-    from .sweep import SweepConfig
+    from .integrations import Monitor, live_config
     from .toy.tiny_lm import TinyLMConfig, is_complete, train_tiny_lm
 
     out = Path(out)
     # quick: the test-sized model, warmup short enough that most probes fall in the fit window.
     cfg = replace(TinyLMConfig.quick(), n_checkpoints=4, warmup_steps=2) if quick else TinyLMConfig()
     tiny, run_dir = out / "tiny-pythia", out / "run"
-    sweep_cfg = SweepConfig(batch_size=8, probe=ProbeConfig(sensitivity=True))
+    sweep_cfg = replace(live_config(), batch_size=8)
     tokenizer = corpus.build_tokenizer(model_max_length=max(2048, cfg.seq_len))
     # 8 windows x 256 tokens (2048 rows per head) keep 40 live probes near 10% of the training
     # time (benchmarks/monitor.py); the same windows at every step, so no noise between steps

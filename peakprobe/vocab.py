@@ -162,6 +162,11 @@ FDR = 0.1
 # -- live probing during training (integrations/) ---------------------------------------------------
 #: probes over the planned training, log-spaced, by default (step 0 and the last step included)
 MONITOR_POINTS = 40
+#: of those, about this many log-spaced probes (the last one included) also run the attribution
+#: (gains, curvature, sensitivity): it costs several forwards a probe, the statistics one
+MONITOR_ATTRIBUTION_POINTS = 8
+#: evaluation windows the live attribution runs on when no config is given (sweeps: 4)
+MONITOR_ATTRIBUTION_WINDOWS = 2
 #: attention heads named in the live summary scalars (largest logit_std first)
 MONITOR_TOP_HEADS = 3
 #: alarm, attention-entropy collapse: a head's entropy_norm (entropy / ln n, 1 = uniform,

@@ -297,3 +297,23 @@ def test_gpt_oss_sinks_take_part_in_the_tempered_softmax():
                     - reference_loss(model, ids, None, _head_factors(model, layer, None, math.exp(-eps)),
                                      scale_sink=False)) / (2 * eps)
         assert sens != pytest.approx(unscaled, rel=2e-1)  # the sink's temperature matters here
+
+
+def test_search_stops_at_the_loss_noise_and_goes_to_a_bound_it_is_heading_for():
+    """float32 losses: once the bracket is flat within ftol the search stops (points closer than
+    the noise say nothing); a loss still falling after one extrapolation step is followed to
+    the bound at once. Both against closed-form minima."""
+    f0_true, ftol = 4.5, 4 * float(np.finfo(np.float32).eps) * 4.5
+
+    def noisy(x):
+        return float(np.float32(f0_true + 0.1 * (x - 0.05) ** 2 + 1e-7 * math.sin(1e4 * x)))
+    r = minimize_log_beta(noisy, noisy(0.0), -0.01, ftol=ftol, max_evals=12)
+    assert r.gain == pytest.approx(0.1 * 0.05**2, abs=2 * ftol) and r.n_evals <= 8
+    # minimum at 0.5 ln(c / a) = 2.5, reached by one jump to the bound and a bracketed search
+    c, a = 1.0, math.exp(-5.0)
+    f = lambda x: c * math.exp(-x) + a * math.exp(x)  # noqa: E731
+    r = minimize_log_beta(f, f(0.0), a - c, ftol=1e-12)
+    assert r.x == pytest.approx(2.5, abs=1e-3) and not r.at_bound
+    assert r.gain == pytest.approx(c + a - 2 * math.sqrt(a * c), abs=1e-9)
+    r = minimize_log_beta(lambda x: math.exp(-x) + 1e-3 * x, 1.0, -1.0 + 1e-3, max_evals=12)
+    assert r.x == 3.0 and r.at_bound and r.n_evals <= 7

@@ -19,11 +19,13 @@ from peakprobe.integrations import (
     Monitor,
     MonitorError,
     alarms,
+    attribution_steps,
+    live_config,
     planned_steps,
     summary_scalars,
     training_state_preserved,
 )
-from peakprobe.sweep import SweepConfig, probe_model
+from peakprobe.sweep import probe_model
 
 STEPS = 12
 
@@ -46,6 +48,21 @@ def test_default_cadence_is_forty_distinct_log_spaced_steps():
     for bad in (dict(total_steps=0), dict(total_steps=10, every=0), dict(total_steps=10, steps=[11])):
         with pytest.raises(MonitorError):
             planned_steps(**bad)
+
+
+def test_attribution_runs_at_a_log_spaced_subset_that_ends_with_the_last_step():
+    planned = planned_steps(800, start=20)
+    chosen = attribution_steps(planned, vocab.MONITOR_ATTRIBUTION_POINTS, start=20)
+    assert len(chosen) == vocab.MONITOR_ATTRIBUTION_POINTS and set(chosen) <= set(planned)
+    assert chosen[0] == 20 and chosen[-1] == 800 and 0 not in chosen
+    even = np.log(800 / 20) / (len(chosen) - 1)  # log-spaced, within the planned steps' rounding
+    ratios = np.diff(np.log(chosen))
+    assert ratios.min() > 0.25 * even and ratios.max() < 2 * even
+    assert attribution_steps(planned, None) == planned
+    assert attribution_steps(planned, 1, start=20) == [800]
+    assert attribution_steps([0, 5, 10], 10) == [5, 10]
+    with pytest.raises(MonitorError):
+        attribution_steps(planned, 0)
 
 
 # -- state restoration --------------------------------------------------------------------------
@@ -129,8 +146,10 @@ def test_plain_loop_numbers_equal_an_independent_probe_and_tau_sums_the_schedule
     run, monitor, _, _, _, snapshots = plain_loop
     df = results.read_results(run)
     assert sorted(df.step.unique()) == monitor.planned
-    for step in monitor.planned:
-        frame = probe_model(snapshots[step].eval(), eval_windows(), SweepConfig())
+    assert 0 not in monitor.attribution_steps and STEPS in monitor.attribution_steps
+    for step in monitor.planned:  # the Monitor's default config, the attribution where planned
+        config = live_config(sensitivity=step in monitor.attribution_steps)
+        frame = probe_model(snapshots[step].eval(), eval_windows(), config)
         live = df[df.step == step].reset_index(drop=True)
         cols = ["site_kind", "layer", "head", "metric", "value", "n_rows"]
         pd.testing.assert_frame_equal(live[cols], frame[cols], check_exact=True)
@@ -138,6 +157,10 @@ def test_plain_loop_numbers_equal_an_independent_probe_and_tau_sums_the_schedule
         assert live["tau"].iloc[0] == pytest.approx(tau, rel=1e-12, abs=0)
     manifest = results.read_manifest(run)
     assert [c["step"] for c in manifest["checkpoints"]] == monitor.planned
+    assert manifest["probe"]["attribution"]["steps"] == monitor.attribution_steps
+    assert manifest["probe"]["attribution"]["windows"] == vocab.MONITOR_ATTRIBUTION_WINDOWS
+    gained = sorted(df[df.metric == vocab.GAIN].step.unique())
+    assert gained == monitor.attribution_steps
     assert monitor.lr_max == 1e-2 and monitor.lr_max_source == "scheduler base lr"
 
 

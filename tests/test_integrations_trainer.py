@@ -24,8 +24,8 @@ from trainer_run import SAVE_EVERY, STEPS, eval_windows, train
 from peakprobe import results
 from peakprobe.checkpoints_index import from_local
 from peakprobe.cli import main
-from peakprobe.integrations import planned_steps
-from peakprobe.sweep import SweepConfig, sweep
+from peakprobe.integrations import live_config, planned_steps
+from peakprobe.sweep import sweep
 
 HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 WARMUP = 5  # trainer_run.train's warmup_steps
@@ -110,7 +110,10 @@ def test_callback_numbers_equal_a_sweep_of_the_saved_checkpoints(runs, tmp_path)
     out, _, _ = runs
     seq = from_local(out / "with" / "trainer")
     assert seq.steps == [SAVE_EVERY, 2 * SAVE_EVERY, STEPS]
-    sweep(seq, eval_windows(), tmp_path / "swept", SweepConfig(), progress=False)
+    # the callback's default settings (live_config); the saved steps all run the attribution
+    attributed = results.read_manifest(out / "with" / "run")["probe"]["attribution"]["steps"]
+    assert set(seq.steps) <= set(attributed)
+    sweep(seq, eval_windows(), tmp_path / "swept", live_config(), progress=False)
     live, swept = results.read_results(out / "with" / "run"), results.read_results(tmp_path / "swept")
     same = ["step", "site_kind", "layer", "head", "metric", "value", "n_rows"]
     for step in seq.steps:
@@ -154,7 +157,7 @@ def test_two_gloo_processes_probe_once_on_rank_zero(tmp_path):
     assert sorted(int(p.stem[4:]) for p in (run / "checkpoints").glob("*.parquet")) == planned
     assert not list(run.glob("failures.jsonl"))
     seq = from_local(tmp_path / "trainer").select(steps=[STEPS])
-    sweep(seq, eval_windows(), tmp_path / "swept", SweepConfig(), progress=False)
+    sweep(seq, eval_windows(), tmp_path / "swept", live_config(), progress=False)
     live = pd.read_parquet(results.checkpoint_path(run, f"step{STEPS}"))
     swept = results.read_results(tmp_path / "swept")
     same = ["site_kind", "layer", "head", "metric", "value", "n_rows"]

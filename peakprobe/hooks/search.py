@@ -9,8 +9,9 @@ h = 2 (f(x1) - f0 - g0 x1) / x1^2, the curvature that is reported.
 ``minimize_log_beta`` goes on: a Newton jump x = -g0 / h (straight to the downhill bound when
 h <= 0), then safeguarded successive parabolic interpolation through the bracketing triple
 around the best point (golden-section steps when a parabola is concave or lands outside the
-bracket; doubling steps downhill while no bracket exists), until the parabola's vertex lies
-within ``xtol`` of the best point or promises less than ``ftol``; a best point on a bound is
+bracket; downhill while no bracket exists, one extrapolation step and then the bound itself),
+until the parabola's vertex lies within ``xtol`` of the best point or promises less than
+``ftol``, or the bracket's ends lie within ``ftol`` of the best point; a best point on a bound is
 checked once against the point ``delta`` inside it; then both bounds are evaluated and the
 search continues from a bound that is lower. The search never
 leaves [lo, hi]; a minimum on a bound is reported as such (``at_bound``), its gain a lower bound.
@@ -111,6 +112,8 @@ def _next_point(pts: dict[float, float], lo: float, hi: float, delta: float, xto
         if pts[b] == pts[n]:  # flat: nothing to follow
             return None, True
         step = b - n
+        if len(xs) >= 4:  # extrapolated once already and still downhill: go to the bound
+            return (hi if step > 0 else lo), False
         u = b + 2.0 * step
         if len(xs) >= 3:
             far = xs[2] if i == 0 else xs[-3]
@@ -119,8 +122,8 @@ def _next_point(pts: dict[float, float], lo: float, hi: float, delta: float, xto
                 u = v
         return min(hi, max(lo, u)), False
     left, right = xs[i - 1], xs[i + 1]
-    if right - left < xtol:
-        return None, True
+    if right - left < xtol or max(pts[left], pts[right]) - pts[b] < ftol:
+        return None, True  # the bracket is narrower than xtol, or flat within the loss's noise
     trio = (left, pts[left]), (b, pts[b]), (right, pts[right])
     v = _vertex(*trio)
     # Brent's safeguard: a parabolic step must be under half the step before last, else the

@@ -7,7 +7,14 @@ Both write the run directory a sweep writes (``checkpoints/step<N>.parquet`` + m
 
 from __future__ import annotations
 
-from .monitor import Monitor, MonitorError, planned_steps, training_state_preserved
+from .monitor import (
+    Monitor,
+    MonitorError,
+    attribution_steps,
+    live_config,
+    planned_steps,
+    training_state_preserved,
+)
 from .scalars import alarms, summary_scalars
 
 __all__ = [
@@ -15,6 +22,8 @@ __all__ = [
     "MonitorError",
     "PeakprobeCallback",
     "alarms",
+    "attribution_steps",
+    "live_config",
     "planned_steps",
     "summary_scalars",
     "training_state_preserved",

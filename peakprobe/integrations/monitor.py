@@ -5,7 +5,12 @@ A Monitor probes the model on fixed evaluation windows at planned steps (by defa
 on request) and writes the same run directory a sweep writes: ``checkpoints/step<N>.parquet``
 through ``sweep.probe_model`` / ``sweep.tidy_frame`` / ``results.write_checkpoint`` (one code
 path, so the numbers, columns and metric set are the sweep's) and ``manifest.json`` through
-``sweep.build_manifest``. ``peakprobe fit`` and ``peakprobe report`` therefore work on a run
+``sweep.build_manifest``. The attribution (when the config asks for it) runs at a log-spaced
+subset of the planned steps, ``vocab.MONITOR_ATTRIBUTION_POINTS`` by default (the last one always;
+``attribution_points=None``: at every probe), on ``vocab.MONITOR_ATTRIBUTION_WINDOWS`` windows
+unless a config says otherwise (``live_config``); the manifest lists them under
+``probe.attribution.steps`` and the other parquets hold the statistics alone, so the gain fits
+use those steps. ``peakprobe fit`` and ``peakprobe report`` therefore work on a run
 that is still training.
 
 Training is left exactly as it was: each probe runs in eval mode under ``no_grad`` (the
@@ -51,7 +56,7 @@ import torch
 from .. import results, vocab
 from ..checkpoints_index import Checkpoint, CheckpointSequence, schedule_from_json
 from ..data import EvalData
-from ..hooks import CompileError, UnsupportedModelError
+from ..hooks import CompileError, ProbeConfig, UnsupportedModelError
 from ..sweep import (
     DTYPES,
     SweepConfig,
@@ -102,6 +107,33 @@ def planned_steps(
     if bad:
         raise MonitorError(f"steps {bad} are outside [0, total_steps={total_steps}]")
     return sorted(points | {int(s) for s in steps})
+
+
+def live_config(**probe: Any) -> SweepConfig:
+    """The Monitor's default probe settings: a sweep's, with the attribution on
+    ``vocab.MONITOR_ATTRIBUTION_WINDOWS`` windows (``probe`` overrides ProbeConfig fields)."""
+    return SweepConfig(probe=ProbeConfig(**{"attribution_windows": vocab.MONITOR_ATTRIBUTION_WINDOWS, **probe}))
+
+
+def attribution_steps(planned: Iterable[int], n_points: int | None, *, start: int = 1) -> list[int]:
+    """The planned steps that also run the attribution: all of them (``n_points`` None), else the
+    ones nearest to ``n_points`` log-spaced steps over the planned steps from ``start`` on
+    (the last planned step always included; step 0, the initialisation, only when nothing
+    else is planned)."""
+    planned = sorted(int(s) for s in planned)
+    if n_points is None:
+        return planned
+    if n_points < 1:
+        raise MonitorError(f"attribution points must be >= 1 (or None for every probe), got {n_points}")
+    late = [s for s in planned if s >= max(1, start)] or planned[-1:]
+    if len(late) <= n_points:
+        return late
+    logs = np.log(np.asarray(late, dtype=float))
+    chosen = {late[-1]}
+    for target in np.linspace(logs[0], logs[-1], n_points)[:-1]:  # the last is late[-1]
+        order = np.argsort(np.abs(logs - target), kind="stable")
+        chosen.add(next((late[i] for i in order if late[i] not in chosen), late[int(order[0])]))
+    return sorted(chosen)
 
 
 @contextmanager
@@ -156,6 +188,8 @@ class Monitor:
     compare only probes from there on. ``log`` receives the summary scalars of each probe: a
     callable ``log(scalars, step)`` or anything with ``add_scalar(tag, value, step)`` (a
     TensorBoard ``SummaryWriter``).
+    ``attribution_points``: how many of the probes (log-spaced from ``start``, the last one
+    included) also run the attribution when ``config`` asks for it; None: all of them.
     ``schedule`` (a schedule.json record) only describes the run in the manifest (the fits
     start their window after its ``warmup_steps``); tau always comes from the recorded rates.
     """
@@ -171,6 +205,7 @@ class Monitor:
         scheduler: Any = None,
         lr_max: float | None = None,
         n_points: int = vocab.MONITOR_POINTS,
+        attribution_points: int | None = vocab.MONITOR_ATTRIBUTION_POINTS,
         start: int = 1,
         every: int | None = None,
         steps: Iterable[int] = (),
@@ -191,7 +226,10 @@ class Monitor:
         self.planned = planned_steps(total_steps, n_points, start=start, every=every, steps=steps)
         self.start = max(1, int(start))
         self._planned_set = set(self.planned)
-        self.config = config or SweepConfig()
+        self.config = config or live_config()
+        self.attribution_steps = (attribution_steps(self.planned, attribution_points, start=self.start)
+                                  if self.config.probe.attribution else [])
+        self._stats_only = replace(self.config, probe=replace(self.config.probe, sensitivity=False))
         self.name = name
         self.source = source or str(self.run_dir.resolve())
         self.schedule = None if schedule is None else schedule_from_json(schedule)
@@ -300,7 +338,8 @@ class Monitor:
         started = time.perf_counter()
         try:
             with training_state_preserved(self.model):
-                frame = probe_model(self.model, self.data, self.config)
+                config = self.config if step in self.attribution_steps else self._stats_only
+                frame = probe_model(self.model, self.data, config)
             tidy = tidy_frame(frame, self._sequence(), ckpt)
             results.write_checkpoint(self.run_dir, ckpt.revision, tidy)
         except (UnsupportedModelError, CompileError):
@@ -349,7 +388,10 @@ class Monitor:
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         if dtype in DTYPES and dtype != config.dtype:
             config = replace(config, dtype=dtype)  # the manifest states what was probed
-        return build_manifest(self._sequence(), self.data, config, self.command)
+        manifest = build_manifest(self._sequence(), self.data, config, self.command)
+        if manifest["probe"].get("attribution"):  # live probes run it at these steps only
+            manifest["probe"]["attribution"]["steps"] = list(self.attribution_steps)
+        return manifest
 
     def _prepare(self) -> None:
         """Create the run directory at the first probe, or check it belongs to this run."""

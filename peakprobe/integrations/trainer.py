@@ -35,7 +35,8 @@ class PeakprobeCallback(TrainerCallback):
     """Probe a Trainer's model at planned steps and write a peakprobe run directory ``run_dir``.
 
     ``n_points`` log-spaced steps over the planned training (from the warmup's end, or
-    ``start``), plus every ``every`` steps and the explicit ``steps``. The run's name and source
+    ``start``), plus every ``every`` steps and the explicit ``steps``; ``attribution_points`` of
+    them also run the attribution (see ``Monitor``). The run's name and source
     default to the Trainer's ``output_dir`` (where its ``checkpoint-<N>/`` folders go), so the
     manifest names what a later sweep of those checkpoints would name.
     """
@@ -47,6 +48,7 @@ class PeakprobeCallback(TrainerCallback):
         run_dir: str | os.PathLike,
         *,
         n_points: int = vocab.MONITOR_POINTS,
+        attribution_points: int | None = vocab.MONITOR_ATTRIBUTION_POINTS,
         start: int | None = None,
         every: int | None = None,
         steps: tuple[int, ...] = (),
@@ -57,7 +59,7 @@ class PeakprobeCallback(TrainerCallback):
         self.trainer = trainer
         self.data = data
         self.run_dir = Path(run_dir)
-        self.options = dict(n_points=n_points, every=every, steps=steps, config=config,
+        self.options = dict(n_points=n_points, attribution_points=attribution_points, every=every, steps=steps, config=config,
                             top_k=top_k, force=force)
         self.start = start
         self.monitor: Monitor | None = None
