@@ -7,8 +7,9 @@ the same training without it.
 The model, data, schedule and probe settings are the demo's (``peakprobe demo``): 800 updates of
 a 4-layer GPT-NeoX, probed at about 40 log-spaced steps after the warmup on the demo's 8
 windows of 256 tokens, 8 of them (the Monitor's default) with the attribution on the first 2
-windows (``peakprobe.integrations.live_config``). ``--steps`` shortens the training (the cadence stays 40 probes, so the overhead ratio
-grows). Prints both times, the ratio, and the time spent probing.
+windows (``peakprobe.integrations.live_config``). ``--steps`` shortens the training (the cadence
+stays 40 probes, so the overhead ratio grows). Prints both times, the ratio, and the time spent
+probing.
 """
 
 from __future__ import annotations

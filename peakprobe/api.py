@@ -217,8 +217,9 @@ def demo(out: str | os.PathLike = "peakprobe-demo", *, quick: bool = False, prog
     tiny, run_dir = out / "tiny-pythia", out / "run"
     sweep_cfg = replace(live_config(), batch_size=8)
     tokenizer = corpus.build_tokenizer(model_max_length=max(2048, cfg.seq_len))
-    # 8 windows x 256 tokens (2048 rows per head) keep 40 live probes near 10% of the training
-    # time (benchmarks/monitor.py); the same windows at every step, so no noise between steps
+    # statistics on 8 windows x 256 tokens (2048 rows per head) at 40 probes, the attribution at 8
+    # of them on 2 windows (live_config): under 10% of the training time (benchmarks/monitor.py);
+    # the same windows at every step, so no sampling noise between steps
     data = load_eval_data("embedded", tokenizer, n_windows=16 if quick else DEMO_WINDOWS,
                           window=cfg.seq_len)
     monitor = Monitor(

@@ -15,7 +15,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from peakprobe import vocab
 from peakprobe.hooks.attribution import attribute
 from peakprobe.hooks.beta import beta_attention
-from peakprobe.hooks.search import DELTA, minimize_log_beta, quadratic_estimate
+from peakprobe.hooks.search import DELTA, _next_point, minimize_log_beta, quadratic_estimate
 from peakprobe.probes import MaskSpec
 
 
@@ -309,6 +309,11 @@ def test_search_stops_at_the_loss_noise_and_goes_to_a_bound_it_is_heading_for():
         return float(np.float32(f0_true + 0.1 * (x - 0.05) ** 2 + 1e-7 * math.sin(1e4 * x)))
     r = minimize_log_beta(noisy, noisy(0.0), -0.01, ftol=ftol, max_evals=12)
     assert r.gain == pytest.approx(0.1 * 0.05**2, abs=2 * ftol) and r.n_evals <= 8
+    # the rule itself: a bracket 0.01 wide whose ends lie within ftol of its best point stops
+    # the search (however the parabola through them is bent); with ftol = 0 it goes on
+    pts = {0.0: 4.5 + 2e-6, 0.05: 4.5, 0.045: 4.5 + 1e-7, 0.055: 4.5 + 2e-7}
+    assert _next_point(dict(pts), -3.0, 3.0, DELTA, 1e-4, ftol, []) == (None, True)
+    assert _next_point(dict(pts), -3.0, 3.0, DELTA, 1e-4, 0.0, [])[0] is not None
     # minimum at 0.5 ln(c / a) = 2.5, reached by one jump to the bound and a bracketed search
     c, a = 1.0, math.exp(-5.0)
     f = lambda x: c * math.exp(-x) + a * math.exp(x)  # noqa: E731
