@@ -158,6 +158,9 @@ MAGNITUDE_METRICS: tuple[str, ...] = (
 GAIN_SHARE_MIN = 0.1
 #: the false-discovery rate of the Benjamini-Hochberg control over sites
 FDR = 0.1
+#: a share interval reaching above this fraction of L - L0 says nothing about the site (the
+#: whole reducible loss is 1): such sites rank after the informative ones among the top sites
+SHARE_CI_INFORMATIVE = 1.0
 
 # -- live probing during training (integrations/) ---------------------------------------------------
 #: probes over the planned training, log-spaced, by default (step 0 and the last step included)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy.optimize import minimize
 
+from peakprobe import vocab
 from peakprobe.fits import FitError, fit_loss_law, fit_power_law, fit_power_law_many
 
 THIRD = 1.0 / 3.0
@@ -259,3 +261,24 @@ def test_three_way_verdict_on_planted_curves(law, alpha, n, span, noise, want) -
     assert judge_third(fit.alpha_lo, fit.alpha_hi) == want, (fit.alpha_lo, fit.alpha_hi)
     if want == "inconclusive":  # 1/3 inside an interval wider than the band: never consistent
         assert fit.alpha_lo <= THIRD <= fit.alpha_hi and fit.alpha_hi - fit.alpha_lo > 0.17
+
+
+def test_top_sites_rank_an_uninformative_share_interval_last() -> None:
+    """Significant first, then sites whose share interval is bounded by L - L0, then the rest:
+    a large point share with an interval spanning everything does not lead the list."""
+    from peakprobe.fits.classify import top_sites
+
+    def site(head, share, lo, hi, q):
+        return {"site_kind": vocab.ATTN, "layer": 0, "head": head, "label": f"attn L0 H{head}",
+                "peaked": True, "site_class": "concentrating", "gain_verdict": "inconclusive",
+                "share": share, "share_lo": lo, "share_hi": hi, "q_share": q,
+                "alpha_gain": 0.3, "alpha_late": 0.3, "sensitivity": -0.1}
+
+    sites = pd.DataFrame([
+        site(0, 0.16, 0.0, 1e4, 1.0),  # extrapolated through few points: says nothing
+        site(1, 0.01, 0.0, 0.67, 1.0),
+        site(2, 0.30, 0.2, 0.4, 0.01),  # significant
+        site(3, 0.05, 0.0, float("nan"), 1.0),  # no interval at all
+        site(4, 0.02, 0.0, 0.05, 1.0),
+    ])
+    assert [s["head"] for s in top_sites(sites)] == [2, 4, 1, 0, 3]

@@ -146,13 +146,17 @@ def decide(kinds: dict[str, dict], *, has_peaked_metric: bool, has_gain: bool, h
 
 
 def top_sites(sites: pd.DataFrame, n: int = N_TOP_SITES) -> list[dict]:
-    """Heads and the LM head, significant gain shares first, then by share, then late alpha."""
+    """Heads and the LM head: significant gain shares first, then sites whose share interval
+    is informative (its upper end within ``vocab.SHARE_CI_INFORMATIVE`` of L - L0), then by
+    share, then by late alpha. A point share from a fit whose interval spans everything (e.g.
+    a power law through a few points, extrapolated) is no reason to rank a site high."""
     heads = sites[sites["site_kind"].isin([vocab.ATTN, vocab.LM_HEAD])]
     order = heads.assign(
         _sig=~(heads["q_share"].fillna(1.0) <= vocab.FDR),
+        _open=~(heads["share_hi"].fillna(np.inf) <= vocab.SHARE_CI_INFORMATIVE),
         _share=-heads["share"].fillna(-1.0),
         _alpha=-heads["alpha_late"].fillna(-np.inf),
-    ).sort_values(["_sig", "_share", "_alpha", "site_kind", "layer", "head"], kind="stable")
+    ).sort_values(["_sig", "_open", "_share", "_alpha", "site_kind", "layer", "head"], kind="stable")
     keys = ("share", "share_lo", "share_hi", "q_share", "alpha_gain", "alpha_late",
             "sensitivity")
     return [

@@ -25,6 +25,12 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.0f}%"
 
 
+def _pct_ci(lo: float | None, hi: float | None) -> str:
+    """A share interval; an upper end past 10 x L - L0 is shown as such, not as digits."""
+    top = ">1000%" if hi is not None and math.isfinite(hi) and hi > 10 else _pct(hi)
+    return f"[{_pct(lo)}, {top}]"
+
+
 def format_summary(run_fits: RunFits, n_sites: int = 5) -> str:
     """A few lines: window, loss law with its three-way verdict, the scan, the bottleneck
     verdict with shares and exponents, BH-controlled head counts, top sites, flags."""
@@ -81,10 +87,13 @@ def format_summary(run_fits: RunFits, n_sites: int = 5) -> str:
         f"{b['n_share_significant']} sites with a significant gain share (> {b['share_min']:g})"
     )
     if b["top_sites"]:
-        lines.append("top sites (gain share of L - L0, gain alpha, late logit_std alpha, "
-                     "d loss / d log beta):")
+        lines.append(f"top sites (gain share of L - L0 [{vocab.CI_LEVEL:.0%} CI], its BH q, gain alpha, "
+                     "late "
+                     "logit_std alpha, d loss / d log beta):")
         for s in b["top_sites"][:n_sites]:
-            lines.append(f"  {s['label']:<16} share {_pct(s['share'])}  gain alpha "
+            q = "n/a" if s["q_share"] is None else f"{s['q_share']:.2f}"
+            lines.append(f"  {s['label']:<16} share {_pct(s['share'])} "
+                         f"{_pct_ci(s['share_lo'], s['share_hi'])} q {q}  gain alpha "
                          f"{_num(s['alpha_gain'])}  alpha {_num(s['alpha_late'])}  "
                          f"sensitivity {_num(s['sensitivity'], '.4g')}")
     if doc["flags"]:
