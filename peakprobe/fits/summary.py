@@ -87,9 +87,8 @@ def format_summary(run_fits: RunFits, n_sites: int = 5) -> str:
         f"{b['n_share_significant']} sites with a significant gain share (> {b['share_min']:g})"
     )
     if b["top_sites"]:
-        lines.append(f"top sites (gain share of L - L0 [{vocab.CI_LEVEL:.0%} CI], its BH q, gain alpha, "
-                     "late "
-                     "logit_std alpha, d loss / d log beta):")
+        lines.append(f"top sites (gain share of L - L0 [{vocab.CI_LEVEL:.0%} CI], its BH q, "
+                     "gain alpha, late logit_std alpha, d loss / d log beta):")
         for s in b["top_sites"][:n_sites]:
             q = "n/a" if s["q_share"] is None else f"{s['q_share']:.2f}"
             lines.append(f"  {s['label']:<16} share {_pct(s['share'])} "
