@@ -282,3 +282,12 @@ def test_top_sites_rank_an_uninformative_share_interval_last() -> None:
         site(4, 0.02, 0.0, 0.05, 1.0),
     ])
     assert [s["head"] for s in top_sites(sites)] == [2, 4, 1, 0, 3]
+
+
+def test_top_site_share_intervals_are_printed_and_an_unbounded_end_is_named() -> None:
+    from peakprobe.fits.summary import _pct_ci
+
+    assert _pct_ci(0.0, 0.67) == "[0%, 67%]"
+    assert _pct_ci(0.3, 3.65) == "[30%, 365%]"
+    assert _pct_ci(0.0, 9.5e3) == "[0%, >1000%]"
+    assert _pct_ci(None, float("nan")) == "[n/a, n/a]"
