@@ -22,6 +22,7 @@ from peakprobe.probes import (
 )
 from peakprobe.probes._entropy_curve import B_GRID
 from peakprobe.probes.rows import block_sums, finish, top2
+from peakprobe.probes.workspace import Workspace
 
 
 def test_uniform_and_two_level_rows_match_closed_forms():
@@ -158,6 +159,38 @@ def test_top2_matches_topk_with_ties():
         m, m2 = top2(x)
         ref = x.topk(2, -1).values
         assert torch.equal(m, ref[:, 0]) and torch.equal(m2, ref[:, 1]), n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_block_sums_match_their_definitions_with_ties_hidden_options_and_a_workspace(dtype):
+    """Every raw sum of ``block_sums`` against its definition written out in float64, with
+    many tied maxima (a tie counts twice, as ``topk`` does), hidden options, rows with one or
+    no visible option, and the same workspace reused by blocks of other shapes."""
+    g = torch.Generator().manual_seed(1)
+    work = Workspace()
+    for rows, n in ((50, 64), (30, 7), (40, 100)):
+        x = (torch.randn(rows, n, generator=g) * 2).round().to(dtype)  # many ties
+        x[0] = 3.0  # every option tied
+        for valid in (None, torch.rand(rows, n, generator=g) > 0.4):
+            if valid is not None:
+                valid[1] = False
+                valid[2] = False
+                valid[2, 5] = True
+            got = block_sums(x, valid, work=work)
+            vis = torch.ones(rows, n, dtype=torch.bool) if valid is None else valid
+            ref = x.to(torch.float64).masked_fill(~vis, float("-inf"))
+            cnt = vis.sum(-1)
+            top = ref.topk(2, -1).values
+            assert torch.equal(got.n, cnt.to(torch.float64))
+            has, two = cnt > 0, cnt > 1
+            assert torch.equal(got.m[has], top[has, 0]) and torch.equal(got.m2[two], top[two, 1])
+            d = torch.where(vis, ref - top[:, :1], 0.0)
+            e = torch.where(vis, d.exp(), 0.0)
+            tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(got.s[has], e.sum(-1)[has], **tol)
+            torch.testing.assert_close(got.a[has], (e * d).sum(-1)[has], **tol)
+            torch.testing.assert_close(got.d1[has], d.sum(-1)[has], **tol)
+            torch.testing.assert_close(got.d2[has], (d * d).sum(-1)[has], **tol)
 
 
 def _eager(q, k, v, visible, sinks=None):

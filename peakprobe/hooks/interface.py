@@ -36,6 +36,7 @@ from ..probes import (
     row_stats,
 )
 from ..probes.rows import block_sums
+from ..probes.workspace import Workspace
 
 _names = itertools.count()
 _STATS_DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -108,6 +109,7 @@ class Probe:
         self._attention_mask: torch.Tensor | None = None
         self.n_attention_calls = 0
         self.last_loss = float("nan")
+        self._work = Workspace()  # block-sized scratch, reused from block to block
         self._compiled = config.backend == "compile"
         self._sums_fn = attention_head_sums
         if self._compiled:
@@ -146,10 +148,11 @@ class Probe:
         if self.config.fused and not torch.is_grad_enabled() and value is not None:
             fused_out, metrics, sums, counts = attention_forward_with_sums(
                 query.detach(), key.detach(), value.detach(), row_valid=row_valid,
-                chunk=self.config.chunk, dtype=_STATS_DTYPES[self.config.dtype], **stats_kw,
+                chunk=self.config.chunk, dtype=_STATS_DTYPES[self.config.dtype], work=self._work,
+                **stats_kw,
             )  # fmt: skip
         else:
-            sums_fn = self._sums_fn
+            sums_fn = functools.partial(self._sums_fn, work=self._work)
             if self._fast_sums is not None and (query.is_cuda or self.config.backend == "triton"):
                 sums_fn = self._fast_sums
             metrics, sums, counts = sums_fn(
@@ -192,7 +195,7 @@ class Probe:
                 valid = torch.ones(1, 1, z.shape[-1], dtype=torch.bool, device=z.device)
                 stats = row_stats(
                     z, valid, mask[:, t0:t1].to(z.device), target=target[:, t0:t1].to(z.device),
-                    compiled=self._compiled,
+                    compiled=self._compiled, work=self._work,
                 )
                 self.accumulator.add_rows(SiteGroup("lm_head", -1), stats, head_dim=None)
                 loss_sum += (stats.values["loss"] * stats.weight["loss"]).sum().item()
@@ -262,3 +265,4 @@ def attach(model: torch.nn.Module, config: ProbeConfig | None = None) -> Iterato
         AttentionInterface._global_mapping.pop(name, None)
         AttentionMaskInterface._global_mapping.pop(name, None)
         probe.model = None  # no reference cycle keeps the model alive
+        probe._work.clear()

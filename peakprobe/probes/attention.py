@@ -33,6 +33,7 @@ from .rows import (
     raw_block_sums,
     single,
 )
+from .workspace import Workspace, take
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class MaskSpec:
 
 
 def _chunk_logits(
-    q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None
+    q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None,
+    work: Workspace | None = None,
 ) -> torch.Tensor:
     """Scores of a query chunk against keys, grouped-query heads expanded.
 
@@ -62,7 +64,8 @@ def _chunk_logits(
     # The scaling (and 1 / softcap) multiply the small query chunk, not the block.
     factor = scaling if softcap is None else scaling / softcap
     qg = (q * factor).reshape(b, hkv, (h // hkv) * c, d)  # (B, Hkv, G*C, D)
-    z = torch.matmul(qg, k.transpose(-1, -2)).view(b, h, c, k.shape[2])  # (B, H, C, Tk)
+    out = take(work, "logits", (b, hkv, (h // hkv) * c, k.shape[2]), qg)
+    z = torch.matmul(qg, k.transpose(-1, -2), out=out).view(b, h, c, k.shape[2])  # (B, H, C, Tk)
     if softcap is not None:
         z = z.tanh_().mul_(softcap)
     return z
@@ -109,19 +112,19 @@ def _fused_part(z, m, valid, v, dtype) -> torch.Tensor:
     return _grouped_matmul(e, v.to(dtype))
 
 
-def _structured_chunk(z, value, dtype, compiled: bool) -> _Chunk:
+def _structured_chunk(z, value, dtype, compiled: bool, work) -> _Chunk:
     """Causal (or full) structure, no mask tensor, no window: z holds key 0 and the keys every
     row of the chunk sees (no mask work at all); the diagonal block is done apart."""
     first = z[..., 0].clone()  # no view: the chunk's block must not stay alive
     present = torch.ones(1, 1, z.shape[2], dtype=torch.bool, device=z.device)
     if value is not None and z.shape[-1] > 1:  # the output from the same exponentials
         v = value[:, :, 1 : z.shape[-1]].to(dtype)
-        core, out = raw_block_sums(z[..., 1:], weigh=lambda e: _grouped_matmul(e, v))
+        core, out = raw_block_sums(z[..., 1:], weigh=lambda e: _grouped_matmul(e, v), work=work)
         return _Chunk(core, _empty(z), first, present, out, core.m)
-    return _Chunk(raw_block_sums(z[..., 1:], compiled=compiled), _empty(z), first, present)
+    return _Chunk(raw_block_sums(z[..., 1:], compiled=compiled, work=work), _empty(z), first, present)
 
 
-def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compiled):
+def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compiled, work=None):
     """The masked part of causal rows, all chunks at once: query row r of chunk [i0, i1) sees
     keys i0 + off + 1 .. r + off. Returns raw ``Sums`` (B, H, Tq) and, fused, the part's
     e-weighted values (B, H, Tq, Dv)."""
@@ -134,7 +137,8 @@ def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compile
     factor = scaling if softcap is None else scaling / softcap
     qg = (q * factor).view(b, hkv, h // hkv, n_c, chunk, d)
     kg = k.view(b, hkv, 1, n_c, chunk, d)
-    z = torch.matmul(qg, kg.transpose(-1, -2)).view(b, h, n_c, chunk, chunk)  # (B, H, nC, C, C)
+    out = take(work, "diag_logits", (b, hkv, h // hkv, n_c, chunk, chunk), qg)
+    z = torch.matmul(qg, kg.transpose(-1, -2), out=out).view(b, h, n_c, chunk, chunk)  # (B, H, nC, C, C)
     if softcap is not None:
         z = z.tanh_().mul_(softcap)
     r = torch.arange(chunk, device=z.device)
@@ -149,21 +153,21 @@ def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compile
             o = torch.matmul(e.view(b, hkv, h // hkv, n_c, chunk, chunk), vg)
             return o.reshape(b, h, n_c * chunk, dv)[:, :, :tq]
 
-        sums, out = raw_block_sums(z, valid, weigh=weigh)
+        sums, out = raw_block_sums(z, valid, weigh=weigh, work=work)
     else:
-        sums = raw_block_sums(z, valid, compiled=compiled)
+        sums = raw_block_sums(z, valid, compiled=compiled, work=work)
     sums = Sums(*(getattr(sums, f).reshape(b, h, n_c * chunk)[:, :, :tq] for f in Sums.__dataclass_fields__))
     return sums, out
 
 
-def _masked_chunk(z, valid, value, dtype, k0, compiled: bool) -> _Chunk:
+def _masked_chunk(z, valid, value, dtype, k0, compiled: bool, work) -> _Chunk:
     """Any mask: one masked fill; the first visible key of each row is found and left out."""
     idx = valid.to(torch.int8).argmax(-1, keepdim=True)  # (B|1, 1|H, C, 1) first visible
     present = valid.gather(-1, idx).squeeze(-1)
     first = z.gather(-1, idx.expand(*z.shape[:-1], 1)).squeeze(-1)
     first = torch.where(present, first, torch.zeros((), dtype=z.dtype, device=z.device))
     rest_valid = valid.scatter(-1, idx, False)
-    rest = raw_block_sums(z, rest_valid, compiled=compiled)
+    rest = raw_block_sums(z, rest_valid, compiled=compiled, work=work)
     chunk = _Chunk(_empty(z), rest, first, present)
     if value is not None:  # every visible key, first included, relative to their max
         keys = merge(normalized(rest), single(first, present))
@@ -186,8 +190,14 @@ def _head_sums(core_raw: Sums, edge_raw: Sums, first, present, ok, sink, names):
     keys = merge(rest, single(first, present))
     stats = finish(keys, ok, first=first, rest=rest, sink=sink)
     b, h, tq = ok.shape
-    sums = torch.stack([(stats.values[n] * stats.weight[n]).sum(dim=(0, 2)) for n in names], -1)
-    counts = torch.stack([stats.weight[n].expand(b, h, tq).sum(dim=(0, 2)) for n in names], -1)
+    # values are 0 wherever their weight (0 or 1) is: their sum is the weighted sum
+    sums = torch.stack([stats.values[n].expand(b, h, tq).sum(dim=(0, 2)) for n in names], -1)
+    count: dict[int, torch.Tensor] = {}  # one count per distinct weight tensor
+    for n in names:
+        w = stats.weight[n]
+        if id(w) not in count:
+            count[id(w)] = w.expand(b, h, tq).sum(dim=(0, 2))
+    counts = torch.stack([count[id(stats.weight[n])] for n in names], -1)
     return sums, counts, keys
 
 
@@ -200,7 +210,7 @@ def _compiled_head_sums(*args):
 
 @torch.no_grad()
 def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, sinks, bias,
-         compiled=False):
+         compiled=False, work=None):
     b, h, tq, _ = query.shape
     tk = key.shape[2]
     off = mask.q_offset
@@ -222,11 +232,11 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
         if mask.mask is None and mask.sliding_window is not None:
             lo = max(0, min(hi, i0 + off - mask.sliding_window + 1))
         q = query[:, :, i0:i1].to(dtype)
-        z = _chunk_logits(q, k[:, :, lo:hi], scaling, softcap)  # (B, H, C, hi - lo)
+        z = _chunk_logits(q, k[:, :, lo:hi], scaling, softcap, work)  # (B, H, C, hi - lo)
         if bias is not None:
             z = z + bias[:, :, i0:i1, lo:hi].to(dtype)
         if diagonal or (structured and not mask.causal):
-            ch = _structured_chunk(z, value, dtype, compiled)
+            ch = _structured_chunk(z, value, dtype, compiled, work)
         else:
             if mask.mask is None:
                 valid = _index_valid(mask, i0, i1, lo, hi, z.device)
@@ -237,7 +247,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
                 else:
                     valid = m > torch.finfo(m.dtype).min / 2
                     z = z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype)
-            ch = _masked_chunk(z, valid, value, dtype, lo, compiled)
+            ch = _masked_chunk(z, valid, value, dtype, lo, compiled, work)
         chunks.append(ch)
     chunks.reverse()
     core_raw = _cat_sums([c.core for c in chunks], (b, h))  # (B, H, Tq)
@@ -245,7 +255,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     if diagonal:
         edge_raw, diag_out = _diagonal(
             query, key, value, scaling=scaling, softcap=softcap, chunk=chunk, off=off, dtype=dtype,
-            compiled=compiled,
+            compiled=compiled, work=work,
         )
     else:
         edge_raw = _cat_sums([c.edge for c in chunks], (b, h))
@@ -304,6 +314,7 @@ def attention_head_sums(
     sinks: torch.Tensor | None = None,
     position_bias: torch.Tensor | None = None,
     compiled: bool = False,
+    work: Workspace | None = None,
 ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
     """Per-head sums and row counts of every attention statistic.
 
@@ -316,13 +327,14 @@ def attention_head_sums(
         position_bias: additive (B|1, H, Tq, Tk) bias on the scores, before the mask.
         compiled: reduce each block with the ``torch.compile``-fused sums (``rows``): the
             same statistics in about two passes over the block instead of one per op.
+        work: where the block-sized temporaries go (``workspace``; fresh tensors if None).
 
     Returns:
         (metric names, sums (H, M) float64, counts (H, M) float64).
     """
     names, sums, counts, _ = _run(
         query, key, None, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
-        chunk=chunk, dtype=dtype, sinks=sinks, bias=position_bias, compiled=compiled,
+        chunk=chunk, dtype=dtype, sinks=sinks, bias=position_bias, compiled=compiled, work=work,
     )  # fmt: skip
     return names, sums, counts
 
@@ -343,6 +355,7 @@ def attention_forward_with_sums(
         softcap=kwargs.pop("softcap", None), row_valid=kwargs.pop("row_valid", None),
         chunk=kwargs.pop("chunk", 32), dtype=kwargs.pop("dtype", torch.float32),
         sinks=kwargs.pop("sinks", None), bias=kwargs.pop("position_bias", None),
+        work=kwargs.pop("work", None),
     )  # fmt: skip
     if kwargs:
         raise TypeError(f"unexpected arguments {sorted(kwargs)}")

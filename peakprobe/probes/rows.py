@@ -17,6 +17,7 @@ import torch
 
 from .. import vocab
 from .gaussian_entropy import beta_eff
+from .workspace import Workspace, take
 
 XSINK_METRICS = vocab.XSINK_METRICS
 
@@ -96,11 +97,12 @@ def top2(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return m.squeeze(-1), m2
 
 
-def block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, *, compiled: bool = False) -> Sums:
+def block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, *, compiled: bool = False,
+               work: Workspace | None = None) -> Sums:
     """Per-row ``Sums`` of x (..., N) over the options where ``valid`` (broadcastable bool) is
     True, or over all N when ``valid`` is None (no masking work at all). Passes over the block:
     top-2, z - m, exp, and four reductions; computed in x's dtype, returned in float64."""
-    return normalized(raw_block_sums(x, valid, compiled=compiled))
+    return normalized(raw_block_sums(x, valid, compiled=compiled, work=work))
 
 
 def _fused_sums(x: torch.Tensor, valid: torch.Tensor | None, clamp_lo: float, low: float):
@@ -151,15 +153,16 @@ def _compiled_sums(x: torch.Tensor, valid: torch.Tensor | None) -> Sums:
 
 
 def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=None, *,
-                   compiled: bool = False):
+                   compiled: bool = False, work: Workspace | None = None):
     """``block_sums`` before ``normalized``: in x's dtype, and rows with no valid option (or
     one) hold placeholders. Raw sums of several blocks can be concatenated and normalised at
     once (fewer small operations per block).
 
-    ``weigh``: a function of the block's e^(z - m) (valid entries; hidden ones are below
-    e^-69), e.g. their product with the values (the fused attention output); then the result
-    is ``(sums, weigh(e))``. ``compiled``: the same sums from ``torch.compile`` (``_fused_sums``;
-    not with ``weigh``)."""
+    ``weigh``: a linear function of the block's e^(z - m) (valid entries; hidden ones are
+    below e^-69), e.g. their product with the values (the fused attention output); then the
+    result is ``(sums, weigh(e))``. ``compiled``: the same sums from ``torch.compile``
+    (``_fused_sums``; not with ``weigh``). ``work``: where the block-sized temporaries go
+    (``workspace``); x itself is never written."""
     rows = x.shape[:-1]
     n_cols = x.shape[-1]
     if compiled and weigh is None and n_cols >= 2:
@@ -167,8 +170,13 @@ def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=Non
     if n_cols == 0:
         zero = torch.zeros(rows, dtype=x.dtype, device=x.device)
         return Sums(zero, zero, zero, zero, zero, zero, zero)
+    if n_cols >= 2 and x.dtype in _CLAMP:
+        return _fast_sums(x, valid, weigh, work)
+    shape = x.shape if valid is None else torch.broadcast_shapes(x.shape, valid.shape)
     if valid is not None:
-        x = x.masked_fill(~valid, _low(x.dtype))  # also drops NaN at hidden keys
+        # also drops NaN at hidden keys
+        low = torch.full((), _low(x.dtype), dtype=x.dtype, device=x.device)
+        x = torch.where(valid, x, low, out=take(work, "block_x", shape, x))
         n = valid.sum(-1).to(x.dtype).expand(rows)
     else:
         n = torch.full((), float(n_cols), dtype=x.dtype, device=x.device).expand(rows)
@@ -177,21 +185,70 @@ def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=Non
     else:
         m = x[..., 0].clone()  # no view: the sums must not keep the block alive
         m2 = m
-    d = x - m.unsqueeze(-1)  # (..., N) <= 0
+    d = torch.sub(x, m.unsqueeze(-1), out=take(work, "block_d", shape, x))  # (..., N) <= 0
     # exp(d) for d below ~-87 (float32) takes a slow path on CPU (denormal or zero results,
     # tens of times slower): clamp where e^d is below 1e-30 of the row's largest term. The
     # clamped terms (hidden keys included) add at most N e^-69 to s: nothing at float32 or
     # float64 precision.
-    c = d.clamp(min=_CLAMP[x.dtype]) if x.dtype in _CLAMP else d.clone()
-    e = c.exp()
+    c = take(work, "block_w", shape, x)
+    c = torch.clamp(d, min=_CLAMP[x.dtype], out=c) if x.dtype in _CLAMP else c.copy_(d)
+    e = torch.exp(c, out=take(work, "block_e", shape, x))
     s = e.sum(-1)
     weighed = None if weigh is None else weigh(e)
     a = e.mul_(c).sum(-1)
-    del c, e
     if valid is not None:
         d.masked_fill_(~valid, 0.0)
     d1 = d.sum(-1)
-    d2 = d.mul_(d).sum(-1)
+    d2 = torch.mul(d, d, out=c).sum(-1)
+    sums = Sums(n, m, m2, s, a, d1, d2)
+    return sums if weigh is None else (sums, weighed)
+
+
+def _fast_sums(x: torch.Tensor, valid: torch.Tensor | None, weigh, work: Workspace | None):
+    """``raw_block_sums`` of a float32 or float64 block, N >= 2, in few passes: reductions
+    that write nothing, and elementwise ops into block-sized tensors of ``work``.
+
+    * Hidden options (``valid`` False) are first set to a very low finite logit.
+    * m = max; d = z - m is exactly +0 at every maximum and negative elsewhere, so
+      w = min(max(1 / d, 0), 1) is 1 at the maxima and 0 elsewhere: sum(w) counts the maxima
+      (a tie makes m the second max, as ``topk`` does), and max(d + w (min d - 1)) is the
+      runner-up (the maxima pushed below every other option).
+    * The exponentials come from ``softmax`` of c = max(d, clamp) (one fused pass): p is
+      e^c / s, so s = 1 / max p (where c = 0), e^c = s p and a = sum e^c c.
+    * d1 and d2 sum d and d^2 over the valid options only."""
+    rows = x.shape[:-1]
+    shape = x.shape
+    if valid is not None:  # also drops NaN at hidden keys
+        shape = torch.broadcast_shapes(x.shape, valid.shape)
+        low = torch.full((), _low(x.dtype), dtype=x.dtype, device=x.device)
+        x = torch.where(valid, x, low, out=take(work, "block_x", shape, x))
+        n = valid.sum(-1).to(x.dtype).expand(rows)
+    else:
+        n = torch.full((), float(x.shape[-1]), dtype=x.dtype, device=x.device).expand(rows)
+    m = x.amax(-1)
+    d = torch.sub(x, m.unsqueeze(-1), out=take(work, "block_d", shape, x))  # (..., N) <= 0
+    below = (d.amin(-1) - 1).clamp_(min=_low(x.dtype))  # under every finite option
+    w = torch.reciprocal(d, out=take(work, "block_w", shape, x)).clamp_(min=0.0, max=1.0)  # (..., N)
+    ties = w.sum(-1)
+    runner = torch.addcmul(d, w, below.unsqueeze(-1), out=w).amax(-1)
+    ninf = torch.full((), float("-inf"), dtype=x.dtype, device=x.device)
+    m2 = torch.where(ties > 1, m, torch.where(runner > below, m + runner, ninf))
+    if valid is None:
+        d1 = d.sum(-1)
+        d2 = torch.mul(d, d, out=w).sum(-1)
+        c = d.clamp_(min=_CLAMP[x.dtype])  # see raw_block_sums: no slow exp of tiny terms
+        p = torch.ops.aten._softmax.out(c, -1, False, out=w)  # (..., N) e^c / s
+    else:  # d is needed once more, with the hidden options at 0
+        c = torch.clamp(d, min=_CLAMP[x.dtype], out=w)
+        p = torch.ops.aten._softmax.out(c, -1, False, out=take(work, "block_e", shape, x))
+    s = p.amax(-1).reciprocal()
+    e = p.mul_(s.unsqueeze(-1))  # e^c (the same with or without weigh: equal statistics)
+    weighed = None if weigh is None else weigh(e)
+    a = e.mul_(c).sum(-1)
+    if valid is not None:
+        d.masked_fill_(~valid, 0.0)
+        d1 = d.sum(-1)
+        d2 = torch.mul(d, d, out=w).sum(-1)
     sums = Sums(n, m, m2, s, a, d1, d2)
     return sums if weigh is None else (sums, weighed)
 
@@ -338,8 +395,12 @@ def finish(
         weight[vocab.SINK_PROB] = okf
     # Zero out undefined entries so that NaN/inf never leak into sums.
     zero = torch.zeros((), dtype=f64, device=okf.device)
+    keep: dict[int, torch.Tensor] = {}  # one bool mask per distinct weight tensor
     for name, v in values.items():
-        values[name] = torch.where(weight[name] > 0, v, zero)
+        w = weight[name]
+        if id(w) not in keep:
+            keep[id(w)] = w > 0
+        values[name] = torch.where(keep[id(w)], v, zero)
     return RowStats(values=values, weight=weight)
 
 
@@ -351,6 +412,7 @@ def row_stats(
     first_key: bool = False,
     target: torch.Tensor | None = None,
     compiled: bool = False,
+    work: Workspace | None = None,
 ) -> RowStats:
     """Statistics of each row of ``z`` over the options where ``valid`` is True.
 
@@ -365,6 +427,7 @@ def row_stats(
         target: int64 of shape ``R``: index of the next token (-1: none), to report ``loss``,
             ``target_prob`` and ``target_logit_minus_mean`` (LM head).
         compiled: the block reductions from ``torch.compile`` (``raw_block_sums``).
+        work: where the block-sized temporaries go (``workspace``; fresh tensors if None).
     """
     rows = z.shape[:-1]
     all_valid = bool(valid.all())
@@ -378,12 +441,12 @@ def row_stats(
         tv = valid.expand_as(z).gather(-1, t).squeeze(-1)
         zt = torch.where((target >= 0) & tv, zt, torch.full_like(zt, float("nan")))
     if not first_key:
-        keys = block_sums(z, None if all_valid else valid, compiled=compiled)
+        keys = block_sums(z, None if all_valid else valid, compiled=compiled, work=work)
         return finish(keys, ok, target_logit=zt)
     v = valid.expand_as(z)
     idx = v.to(torch.int8).argmax(-1, keepdim=True)  # first True per row
     present = v.gather(-1, idx).squeeze(-1)
     zf = z.gather(-1, idx).squeeze(-1)
-    rest = block_sums(z, v.scatter(-1, idx, False), compiled=compiled)
+    rest = block_sums(z, v.scatter(-1, idx, False), compiled=compiled, work=work)
     keys = merge(rest, single(zf, present))
     return finish(keys, ok, first=zf, rest=rest, target_logit=zt)
