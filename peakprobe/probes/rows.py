@@ -172,14 +172,7 @@ def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=Non
         return Sums(zero, zero, zero, zero, zero, zero, zero)
     if n_cols >= 2 and x.dtype in _CLAMP:
         return _fast_sums(x, valid, weigh, work)
-    shape = x.shape if valid is None else torch.broadcast_shapes(x.shape, valid.shape)
-    if valid is not None:
-        # also drops NaN at hidden keys
-        low = torch.full((), _low(x.dtype), dtype=x.dtype, device=x.device)
-        x = torch.where(valid, x, low, out=take(work, "block_x", shape, x))
-        n = valid.sum(-1).to(x.dtype).expand(rows)
-    else:
-        n = torch.full((), float(n_cols), dtype=x.dtype, device=x.device).expand(rows)
+    x, n, shape = _hidden_low(x, valid, work)
     if n_cols >= 2:
         m, m2 = top2(x)
     else:
@@ -204,6 +197,18 @@ def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=Non
     return sums if weigh is None else (sums, weighed)
 
 
+def _hidden_low(x: torch.Tensor, valid: torch.Tensor | None, work: Workspace | None):
+    """(x with hidden options at a very low finite logit (also no NaN there), the option
+    count per row, the block's shape); x itself when nothing is hidden."""
+    rows = x.shape[:-1]
+    if valid is None:
+        return x, torch.full((), float(x.shape[-1]), dtype=x.dtype, device=x.device).expand(rows), x.shape
+    shape = torch.broadcast_shapes(x.shape, valid.shape)
+    low = torch.full((), _low(x.dtype), dtype=x.dtype, device=x.device)
+    x = torch.where(valid, x, low, out=take(work, "block_x", shape, x))
+    return x, valid.sum(-1).to(x.dtype).expand(rows), shape
+
+
 def _fast_sums(x: torch.Tensor, valid: torch.Tensor | None, weigh, work: Workspace | None):
     """``raw_block_sums`` of a float32 or float64 block, N >= 2, in few passes: reductions
     that write nothing, and elementwise ops into block-sized tensors of ``work``.
@@ -216,15 +221,7 @@ def _fast_sums(x: torch.Tensor, valid: torch.Tensor | None, weigh, work: Workspa
     * The exponentials come from ``softmax`` of c = max(d, clamp) (one fused pass): p is
       e^c / s, so s = 1 / max p (where c = 0), e^c = s p and a = sum e^c c.
     * d1 and d2 sum d and d^2 over the valid options only."""
-    rows = x.shape[:-1]
-    shape = x.shape
-    if valid is not None:  # also drops NaN at hidden keys
-        shape = torch.broadcast_shapes(x.shape, valid.shape)
-        low = torch.full((), _low(x.dtype), dtype=x.dtype, device=x.device)
-        x = torch.where(valid, x, low, out=take(work, "block_x", shape, x))
-        n = valid.sum(-1).to(x.dtype).expand(rows)
-    else:
-        n = torch.full((), float(x.shape[-1]), dtype=x.dtype, device=x.device).expand(rows)
+    x, n, shape = _hidden_low(x, valid, work)
     m = x.amax(-1)
     d = torch.sub(x, m.unsqueeze(-1), out=take(work, "block_d", shape, x))  # (..., N) <= 0
     below = (d.amin(-1) - 1).clamp_(min=_low(x.dtype))  # under every finite option
