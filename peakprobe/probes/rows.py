@@ -100,8 +100,8 @@ def top2(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, *, compiled: bool = False,
                work: Workspace | None = None) -> Sums:
     """Per-row ``Sums`` of x (..., N) over the options where ``valid`` (broadcastable bool) is
-    True, or over all N when ``valid`` is None (no masking work at all). Passes over the block:
-    top-2, z - m, exp, and four reductions; computed in x's dtype, returned in float64."""
+    True, or over all N when ``valid`` is None (no masking work at all). Computed in x's dtype
+    (float32 and float64 by ``_fast_sums``), returned in float64."""
     return normalized(raw_block_sums(x, valid, compiled=compiled, work=work))
 
 
