@@ -21,7 +21,7 @@ from peakprobe.probes import (
     row_stats,
 )
 from peakprobe.probes._entropy_curve import B_GRID
-from peakprobe.probes.rows import block_sums, finish, top2
+from peakprobe.probes.rows import block_sums, finish, merge, merge_one, single, top2
 from peakprobe.probes.workspace import Workspace
 
 
@@ -118,6 +118,40 @@ def test_beta_eff_inverts_the_curve_and_clamps_outside_it():
     assert torch.allclose(beta_eff(torch.zeros(4), n), top)  # entropy 0: the last knot
     h = torch.linspace(0, math.log(50), 200, dtype=torch.float64)
     assert (beta_eff(h, torch.full_like(h, 50.0)).diff() <= 0).all()  # falls with entropy
+
+
+def test_beta_eff_matches_a_dense_inversion_of_each_rows_curve():
+    """The bracketed search against counting over every knot of the row's own curve (the
+    curve from ``expected_entropy`` at the knots), for random n and h, and h exactly at knots."""
+    g = torch.Generator().manual_seed(3)
+    n = torch.cat([torch.tensor([2.0, 3.0, 4.0, 6.0, 1024.0, 2.0**18, 5e5]),
+                   (torch.rand(3000, generator=g, dtype=torch.float64) * math.log(4e5)).exp().round().clamp(min=2)])
+    knots = torch.tensor(B_GRID, dtype=torch.float64)
+    thr = vocab.peaked_threshold(n)
+    curve = torch.stack([expected_entropy(b * thr, n) / n.log() for b in knots], -1)  # (R, Nb)
+    at_knot = curve.gather(-1, torch.randint(0, len(B_GRID), (len(n), 1), generator=g)).squeeze(-1)
+    h = torch.where(torch.rand(len(n), generator=g) < 0.3, at_knot, torch.rand(len(n), generator=g, dtype=torch.float64))
+    got = beta_eff(h * n.log(), n)
+    j = ((curve >= h.unsqueeze(-1)).sum(-1) - 1).clamp(0, len(B_GRID) - 2)  # last knot >= h
+    c0, c1 = curve.gather(-1, j.unsqueeze(-1)).squeeze(-1), curve.gather(-1, (j + 1).unsqueeze(-1)).squeeze(-1)
+    t = ((c0 - h) / (c0 - c1)).clamp(0, 1)
+    want = torch.where(h >= 1, torch.zeros_like(h), (knots[j] + (knots[j + 1] - knots[j]) * t) * thr)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_merge_one_is_merge_with_a_single_option_bit_for_bit():
+    """Rows with options, empty rows and an absent single option (finite logits)."""
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(4, 64, 16, generator=g, dtype=torch.float64) * 4
+    valid = torch.rand(4, 64, 16, generator=g) < 0.7
+    valid[0] = False  # empty parts
+    x = block_sums(z, valid)
+    one = torch.randn(64, generator=g, dtype=torch.float64) * 4
+    present = torch.rand(64, generator=g) < 0.8
+    for p in (None, present):
+        want, got = merge(x, single(one.expand(4, 64), p)), merge_one(x, one.expand(4, 64), p)
+        for f in want.__dataclass_fields__:
+            torch.testing.assert_close(getattr(got, f), getattr(want, f), rtol=0, atol=0, equal_nan=True)
 
 
 def test_sink_excluded_statistics_of_a_parked_row():

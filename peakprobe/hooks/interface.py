@@ -40,6 +40,7 @@ from ..probes.workspace import Workspace
 
 _names = itertools.count()
 _STATS_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+LM_BLOCK_ELEMENTS = 1 << 20  # elements of one block of LM-head logits at most (one row may exceed it)
 
 
 class UnsupportedModelError(ValueError):
@@ -184,9 +185,10 @@ class Probe:
         nxt_ok = mask[:, 1:] & mask[:, :-1]
         target[:, :-1] = torch.where(nxt_ok, ids[:, 1:], torch.full_like(ids[:, 1:], -1))
         # Positions per block: at most lm_chunk, and few enough that one (B, C, V) temporary
-        # stays near 2^24 elements whatever the vocabulary.
+        # stays within LM_BLOCK_ELEMENTS whatever the vocabulary (the size of the attention
+        # blocks, so both reuse the same workspace buffers instead of growing them).
         b, v = logits.shape[0], logits.shape[-1]
-        step = max(1, min(self.config.lm_chunk, (1 << 24) // max(1, b * v)))
+        step = max(1, min(self.config.lm_chunk, LM_BLOCK_ELEMENTS // max(1, b * v)))
         loss_sum, loss_n = 0.0, 0.0
         with torch.no_grad():
             for t0 in range(0, ids.shape[1], step):

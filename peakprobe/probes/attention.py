@@ -29,9 +29,9 @@ from .rows import (
     compiled_call,
     finish,
     merge,
+    merge_one,
     normalized,
     raw_block_sums,
-    single,
 )
 from .workspace import Workspace, take
 
@@ -130,12 +130,19 @@ def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compile
     e-weighted values (B, H, Tq, Dv)."""
     b, h, tq, d = query.shape
     n_c = -(-tq // chunk)
-    pad = n_c * chunk - tq
-    q = torch.nn.functional.pad(query.to(dtype), (0, 0, 0, pad))  # (B, H, Tp, D)
-    k = torch.nn.functional.pad(key[:, :, off : off + tq].to(dtype), (0, 0, 0, pad))
-    hkv = k.shape[1]
+    hkv = key.shape[1]
+    tp = n_c * chunk
+    like = query.new_empty((), dtype=dtype)
+    # Padded copies in the workspace: fresh (B, H, Tp, D) tensors would fault their pages in
+    # on every call. The copy comes first so that the scaling is done in ``dtype``.
+    q = take(work, "diag_q", (b, h, tp, d), like)  # (B, H, Tp, D)
+    k = take(work, "diag_k", (b, hkv, tp, d), like)  # (B, Hkv, Tp, D)
+    q[:, :, :tq].copy_(query)
+    k[:, :, :tq].copy_(key[:, :, off : off + tq])
+    q[:, :, tq:].zero_()
+    k[:, :, tq:].zero_()
     factor = scaling if softcap is None else scaling / softcap
-    qg = (q * factor).view(b, hkv, h // hkv, n_c, chunk, d)
+    qg = q.mul_(factor).view(b, hkv, h // hkv, n_c, chunk, d)
     kg = k.view(b, hkv, 1, n_c, chunk, d)
     out = take(work, "diag_logits", (b, hkv, h // hkv, n_c, chunk, chunk), qg)
     z = torch.matmul(qg, kg.transpose(-1, -2), out=out).view(b, h, n_c, chunk, chunk)  # (B, H, nC, C, C)
@@ -145,7 +152,7 @@ def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compile
     valid = (r.view(1, chunk) >= 1) & (r.view(1, chunk) <= r.view(chunk, 1))  # (C, C): 1 <= t <= row
     out = None
     if value is not None:  # the output from the same exponentials
-        v = torch.nn.functional.pad(value[:, :, off : off + tq].to(dtype), (0, 0, 0, pad))
+        v = torch.nn.functional.pad(value[:, :, off : off + tq].to(dtype), (0, 0, 0, tp - tq))
         dv = v.shape[-1]
         vg = v.view(b, hkv, 1, n_c, chunk, dv)
 
@@ -170,7 +177,7 @@ def _masked_chunk(z, valid, value, dtype, k0, compiled: bool, work) -> _Chunk:
     rest = raw_block_sums(z, rest_valid, compiled=compiled, work=work)
     chunk = _Chunk(_empty(z), rest, first, present)
     if value is not None:  # every visible key, first included, relative to their max
-        keys = merge(normalized(rest), single(first, present))
+        keys = merge_one(normalized(rest), first, present)
         m = torch.where(torch.isfinite(keys.m), keys.m, 0).to(z.dtype)
         zz = z.masked_fill(~valid, 0.0)  # no NaN from hidden keys
         chunk.out, chunk.out_m = _fused_part(zz, m, valid, value[:, :, k0 : k0 + z.shape[-1]], dtype), m
@@ -187,7 +194,7 @@ def _head_sums(core_raw: Sums, edge_raw: Sums, first, present, ok, sink, names):
     """Per-head sums (H, M) and counts (H, M) of the statistics ``names`` from the rows' raw
     sums: core and edge parts (B, H, Tq), the first visible key's logit, kept rows ``ok``."""
     rest = merge(normalized(core_raw), normalized(edge_raw))
-    keys = merge(rest, single(first, present))
+    keys = merge_one(rest, first, present)
     stats = finish(keys, ok, first=first, rest=rest, sink=sink)
     b, h, tq = ok.shape
     # values are 0 wherever their weight (0 or 1) is: their sum is the weighted sum
@@ -297,7 +304,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
 
 def stats_lse(keys: Sums, sink: torch.Tensor | None) -> torch.Tensor:
     """log-sum-exp of each row's softmax (keys, and the sink logit when there is one)."""
-    soft = keys if sink is None else merge(keys, single(sink))
+    soft = keys if sink is None else merge_one(keys, sink)
     return soft.m + soft.s.clamp(min=1e-300).log()
 
 

@@ -9,8 +9,10 @@ by ``compute_curve`` and shipped in ``_entropy_curve.py`` (regenerate with
 ``python -m peakprobe.probes.gaussian_entropy``). The table holds the normalised entropy
 h = E[H] / ln n on a grid of b = beta / sqrt(2 ln n) for a grid of n. Between grid points the
 curve is linear in log n and in b; it is strictly decreasing in b (for every sample, the entropy
-of softmax(beta x) falls with beta), so it is inverted exactly per row (``searchsorted``, then
-the linear piece). Outside the table: an entropy at or above the b = 0 value (ln n, uniform)
+of softmax(beta x) falls with beta), so it is inverted exactly per row: the row's curve lies
+between the two tabulated curves around its n, whose crossings of h, tabulated per cell of h
+(``_brackets``), bracket the knot; a short binary search inside the bracket finds it, then the
+root of the linear piece. Outside the table: an entropy at or above the b = 0 value (ln n, uniform)
 gives beta_eff = 0; an entropy below the last knot gives the last knot (b = ``B_GRID[-1]``);
 n above the largest tabulated n uses the largest n's normalised curve; n < 2 has no entropy
 and no beta_eff.
@@ -142,6 +144,28 @@ def curve_table() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _TABLE
 
 
+_BRACKETS: tuple[torch.Tensor, torch.Tensor] | None = None
+_CELLS = 1024  # cells of h per interval of the n grid (finer than any knot spacing of h)
+
+
+def _brackets() -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) int32, flat over (interval of the n grid, cell of h): for any n in the interval
+    and any h in the cell, the last knot j where the row's curve is still >= h lies in
+    [lo, hi]. The row's curve lies between the interval's two tabulated curves, so lo is where
+    the lower of them crosses the cell's top and hi where the upper one crosses its bottom."""
+    global _BRACKETS
+    if _BRACKETS is None:
+        _, _, h = curve_table()
+        nb = h.shape[1]
+        lower = torch.minimum(h[:-1], h[1:]).unsqueeze(-1)  # (Nn - 1, Nb, 1), decreasing in b
+        upper = torch.maximum(h[:-1], h[1:]).unsqueeze(-1)
+        edges = torch.arange(_CELLS + 1, dtype=torch.float64) / _CELLS
+        lo = (lower >= edges[1:]).sum(1) - 1  # (Nn - 1, cells)
+        hi = (upper >= edges[:-1]).sum(1) - 1
+        _BRACKETS = tuple(t.clamp(0, nb - 1).to(torch.int32).reshape(-1) for t in (lo, hi))
+    return _BRACKETS
+
+
 def _curves_at(log_n: torch.Tensor) -> torch.Tensor:
     """The normalised curve h(b) at each log n, linear in log n between grid rows: (..., Nb)."""
     ln_grid, _, h = curve_table()
@@ -171,8 +195,9 @@ def beta_eff(entropy: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
 
     entropy, n: broadcastable (n >= 2 where the result is used; other entries give 0). The
     result is float64, in [0, B_GRID[-1] * sqrt(2 ln n)] (clamped outside the table, see the
-    module docstring). Per row, a binary search over the knots of the row's curve (the two
-    tabulated n around it, combined on the fly), then the root of the linear piece."""
+    module docstring). Per row, the knot where the row's curve (the two tabulated n around it,
+    combined on the fly) crosses h, by a binary search inside the bracket the two tabulated
+    curves give, then the root of the linear piece."""
     entropy, n = torch.broadcast_tensors(entropy.to(torch.float64), n.to(torch.float64))
     n = n.clamp(min=2)
     log_n = n.log()
@@ -197,9 +222,13 @@ def beta_eff(entropy: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         return lo_v + (hi_v - lo_v) * w
 
     h = entropy / log_n
-    lo = torch.zeros_like(i)  # curve(lo) >= h (when h <= 1)
-    hi = torch.full_like(i, nb - 1)
-    for _ in range(max(1, (nb - 1).bit_length())):
+    # The knot lies in the bracket of the row's (interval, cell of h); a short search inside.
+    lo_tab, hi_tab = (t.to(n.device) for t in _brackets())
+    cell = (h * _CELLS).nan_to_num_(0.0).clamp_(0, _CELLS - 1).to(torch.int32)
+    at = (i - 1) * _CELLS + cell
+    lo, hi = take(lo_tab, at), take(hi_tab, at)
+    width = int((hi - lo).max()) if lo.numel() else 0
+    for _ in range(width.bit_length()):
         mid = (lo + hi + 1) >> 1
         above = curve(mid) >= h
         lo = torch.where(above, mid, lo)
