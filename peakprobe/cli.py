@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="peaked / planted toy: training steps")
     p.add_argument("--quick", action="store_true", help="linear / planted toy: a smaller run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--task", choices=["lm_head", "attention", "teacher_attention"], default="lm_head",
+    p.add_argument("--task", choices=["lm_head", "attention", "lag_copy", "teacher_attention"], default="lm_head",
                    help="planted toy: which softmax is the bottleneck by construction (default lm_head)")
     _add_compare_commands(sub)
     return parser

@@ -1,20 +1,27 @@
 """Planted bottlenecks: tiny GPT-NeoX checkpoint sequences whose bottleneck softmax is known.
 
-Three synthetic tasks over ``n_tokens`` word tokens ``w0 .. w{n-1}`` (plus ``<unk>``, id 0, which
+Four synthetic tasks over ``n_tokens`` word tokens ``w0 .. w{n-1}`` (plus ``<unk>``, id 0, which
 never occurs), each trained as a checkpoint sequence like ``peakprobe.toy.tiny_lm`` writes:
 
 * ``lm_head`` (successor chain): ``x[t+1] = f(x[t])`` with ``f`` a fixed random permutation of
   the tokens that is one single cycle; every sequence starts at a uniform random token. The next
   token is a fixed function of the current one, so attention is not needed, and the target is a
   one-hot: the LM head must keep sharpening toward a peaked distribution.
-* ``attention`` (noisy lag copy): ``x[t] = x[t - lag]`` with probability ``1 - noise``, otherwise
-  a fresh uniform token (``x[t]`` uniform for ``t < lag``). Predicting ``x[t+1]`` needs one head
-  to attend to the single key ``lag - 1`` positions back (a positional cue; rotary on every
-  head dimension makes that expressible); the Bayes-optimal next-token distribution then puts
-  ``1 - noise + noise / n`` on the copied token and ``noise / n`` on each other one, whose
-  logit std is about ``ln(n (1 - noise) / noise + 1) / sqrt(n)``, far below ``sqrt(2 ln n)``.
-
-* ``teacher_attention`` (a teacher's peaked attention, copied): a fixed teacher scores every
+* ``attention`` (scored copy): ``x[t+1]`` is, with probability ``1 - noise``, ``f(w*)`` where
+  ``w*`` is the highest-scoring token of ``x[0..t]`` (fixed, equally spaced scores; ``f`` a fixed
+  permutation), else uniform. The model is built by hand (``peakprobe.toy.planted_scale``): an
+  exact, frozen read-out and one head whose logits are ``theta * score``; only ``theta``, the
+  head's inverse temperature, trains (SGD, from 0). The head must concentrate on one key and its
+  lagging temperature is, by construction, all that stands between the model and its floor; the
+  LM head's target puts ``1 - noise + noise / n`` on one token: far from peaked.
+* ``lag_copy`` (noisy lag copy, every weight trained): ``x[t] = x[t - lag]`` with probability
+  ``1 - noise``, otherwise a fresh uniform token (``x[t]`` uniform for ``t < lag``). Predicting
+  ``x[t+1]`` needs one head to attend to the single key ``lag - 1`` positions back (a positional
+  cue; rotary on every head dimension makes that expressible); the Bayes-optimal next-token
+  distribution then puts ``1 - noise + noise / n`` on the copied token and ``noise / n`` on each
+  other one, whose logit std is about ``ln(n (1 - noise) / noise + 1) / sqrt(n)``, far below
+  ``sqrt(2 ln n)``.
+* ``teacher_attention`` (every weight trained) (a teacher's peaked attention, copied): a fixed teacher scores every
   query-key token pair, ``S[q, k] = e(q)^T A e(k) / sigma_q`` (Gaussian token embeddings ``e``,
   a Gaussian bilinear form ``A`` of rank ``teacher_rank``, each query's scores of std 1). ``x[0]``
   is uniform; ``x[t+1]`` is, with probability ``1 - noise``, the token ``x[s]`` at a position
@@ -51,19 +58,21 @@ import numpy as np
 
 from peakprobe.hf import quiet_transformers_progress
 from peakprobe.results import read_json, write_json
+from peakprobe.toy import planted_scale
 from peakprobe.toy.tiny_lm import TinyLMConfig, model_config, run_updates, torch_threads
 from peakprobe.vocab import BOTTLENECK_ATTENTION, BOTTLENECK_LM_HEAD
 
 LM_HEAD_TASK = "lm_head"
 ATTENTION_TASK = "attention"
+LAG_COPY_TASK = "lag_copy"
 TEACHER_TASK = "teacher_attention"
-TASKS: tuple[str, ...] = (LM_HEAD_TASK, ATTENTION_TASK, TEACHER_TASK)
+TASKS: tuple[str, ...] = (LM_HEAD_TASK, ATTENTION_TASK, LAG_COPY_TASK, TEACHER_TASK)
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd")
 UNK = "<unk>"
 MARKER = "planted.json"
 TRAIN_LOG = "train_log.json"
 EVAL_FILE = "eval.jsonl"
-PLANTED_FORMAT = 2  # bump when a change here changes the trained weights
+PLANTED_FORMAT = 3  # bump when a change here changes the trained weights
 _EVAL_STREAM = 1_000_003  # the eval sequences' seed offset, disjoint from every training batch
 
 
@@ -71,7 +80,8 @@ class PlantedError(ValueError):
     """A planted-task config or output folder that cannot be used."""
 
 
-ATTENTION_TOKENS = 31  # <= head_dim: one head's value/output path can copy every token exactly
+SCORED_TOKENS = 255  # attention: scores 2 sqrt(3) / 254 apart, a continuum up to theta ~ 73
+LAG_COPY_TOKENS = 31  # <= head_dim: one head's value/output path can copy every token exactly
 # teacher_attention: 63 tokens in 32-token windows, so a context holds about 25 distinct tokens
 # and the teacher's choice depends on the context, not on the query token alone
 TEACHER_TOKENS = 63
@@ -85,6 +95,14 @@ def _default_model(task: str = LM_HEAD_TASK) -> TinyLMConfig:
                   batch_size=16, warmup_steps=20, final_lr_ratio=0.1, weight_decay=0.0,
                   n_checkpoints=32)
     if task == ATTENTION_TASK:
+        # the hand-built scored-copy model (planted_scale): 1 layer, 1 head, the MLP unused; plain
+        # SGD on theta alone (gradient flow: the regime of the 1/3 law), at a rate that takes the
+        # head's logit std from about 7 to 23 over the fit window: peaked (> sqrt(2 ln 64) = 2.9)
+        # and still below the scores' spacing (2 sqrt(3) / 254: theta ~ 73)
+        return replace(TinyLMConfig(n_heads=1, steps=800, lr_max=15.0, **common), n_layers=1,
+                       hidden=planted_scale.hidden_size(SCORED_TOKENS), intermediate=4,
+                       rotary_pct=planted_scale.rotary_pct(SCORED_TOKENS))
+    if task == LAG_COPY_TASK:
         return TinyLMConfig(n_heads=2, steps=800, lr_max=3e-3, **common)
     if task == TEACHER_TASK:
         # content-based attention: one layer, rotary on only 1/8 of the head so that the
@@ -107,14 +125,19 @@ class PlantedConfig:
     task_seed: int = 0  # picks the successor permutation / the teacher's scores
     teacher_beta: float = TEACHER_BETA  # teacher_attention: the teacher's logit std over the vocabulary
     teacher_rank: int = 8  # teacher_attention: rank of the teacher's bilinear form
-    optimizer: str = "adamw"  # "adamw" (betas, weight decay of the model config) or "sgd" (momentum 0.9)
+    optimizer: str = "adamw"  # "adamw" (betas, weight decay of the model config) or "sgd"
+    momentum: float = 0.9  # sgd's momentum
+    readout_lr: float = 0.0  # attention: the LM head's rate as a multiple of theta's (0: frozen)
     model: TinyLMConfig = field(default_factory=_default_model)
 
     @classmethod
     def for_task(cls, task: str) -> PlantedConfig:
         """The documented run of ``task`` (docs/planted.md)."""
         if task == ATTENTION_TASK:
-            return cls(task=task, n_tokens=ATTENTION_TOKENS, model=_default_model(task))
+            return cls(task=task, n_tokens=SCORED_TOKENS, optimizer="sgd", momentum=0.0,
+                       model=_default_model(task))
+        if task == LAG_COPY_TASK:
+            return cls(task=task, n_tokens=LAG_COPY_TOKENS, model=_default_model(task))
         if task == TEACHER_TASK:
             return cls(task=task, n_tokens=TEACHER_TOKENS, model=_default_model(task))
         return cls(task=task, model=_default_model(task))
@@ -138,11 +161,20 @@ class PlantedConfig:
         if self.task == LM_HEAD_TASK and self.n_tokens <= self.seq_len:
             # shorter cycles would repeat inside a window and let attention copy the answer
             raise PlantedError(f"lm_head task: n_tokens ({self.n_tokens}) must exceed seq_len ({self.seq_len})")
-        if self.task == ATTENTION_TASK:
+        if self.task == LAG_COPY_TASK:
             if not 2 <= self.lag < self.seq_len:
                 raise PlantedError(f"lag must be in [2, seq_len={self.seq_len}), got {self.lag}")
-        if self.task in (ATTENTION_TASK, TEACHER_TASK) and not 0 <= self.noise < 1:
+        if self.task != LM_HEAD_TASK and not 0 <= self.noise < 1:
             raise PlantedError(f"noise must be in [0, 1), got {self.noise}")
+        if not self.readout_lr >= 0 or (self.readout_lr and self.task != ATTENTION_TASK):
+            raise PlantedError(f"readout_lr must be >= 0, and set only for the {ATTENTION_TASK} task")
+        if self.task == ATTENTION_TASK:
+            m = self.model
+            if (m.n_layers, m.n_heads, m.hidden) != (1, 1, planted_scale.hidden_size(self.n_tokens)):
+                raise PlantedError(f"the {ATTENTION_TASK} task's model is built by hand: 1 layer, 1 head, "
+                                   f"hidden {planted_scale.hidden_size(self.n_tokens)} for {self.n_tokens} tokens")
+        if not 0 <= self.momentum < 1:
+            raise PlantedError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.optimizer not in OPTIMIZERS:
             raise PlantedError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.task == TEACHER_TASK:
@@ -187,6 +219,8 @@ def generate(config: PlantedConfig, n_seqs: int, rng: np.random.Generator) -> tu
         return x, ruled
     if config.task == TEACHER_TASK:
         return _generate_teacher(config, n_seqs, rng)
+    if config.task == ATTENTION_TASK:
+        return _generate_scored(config, n_seqs, rng)
     x = rng.integers(n, size=(n_seqs, t))  # (N, T) fresh tokens
     ruled = rng.random((n_seqs, t)) >= config.noise  # (N, T)
     ruled[:, : config.lag] = False
@@ -253,6 +287,20 @@ def _generate_teacher(config: PlantedConfig, n_seqs: int, rng: np.random.Generat
     return x, ruled
 
 
+def _generate_scored(config: PlantedConfig, n_seqs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """attention (scored copy) sequences: (N, T) tokens and the (N, T) mask of copied tokens."""
+    score = planted_scale.token_scores(config.n_tokens, config.task_seed)
+    f = planted_scale.copy_map(config.n_tokens, config.task_seed)
+    x = rng.integers(config.n_tokens, size=(n_seqs, config.seq_len))  # (N, T) fresh tokens
+    ruled = rng.random((n_seqs, config.seq_len)) >= config.noise  # (N, T)
+    ruled[:, 0] = False
+    best = x[:, 0].copy()  # (N,) the highest-scoring token so far
+    for j in range(1, config.seq_len):  # in order: a copy enters the context it is scored in
+        x[:, j] = np.where(ruled[:, j], f[best], x[:, j])
+        best = np.where(score[x[:, j]] > score[best], x[:, j], best)
+    return x, ruled
+
+
 def words(config: PlantedConfig) -> list[str]:
     """The task tokens' words, ``w0 .. w{n-1}``; token index ``i`` has tokenizer id ``i + 1``."""
     return [f"w{i}" for i in range(config.n_tokens)]
@@ -296,6 +344,8 @@ def bayes_loss(config: PlantedConfig) -> float:
         return float(np.mean(nll))
     hit = 1 - config.noise + config.noise / n
     mixed = -(hit * np.log(hit) + (n - 1) * (config.noise / n) * np.log(config.noise / n))
+    if config.task == ATTENTION_TASK:  # every target has its source: x[0] is already scored
+        return float(mixed)
     unpredictable = config.lag - 1  # targets x[1 .. lag-1] have no source in the window
     return float((unpredictable * np.log(n) + (t - 1 - unpredictable) * mixed) / (t - 1))
 
@@ -362,15 +412,24 @@ def _train_loop(out: Path, config: PlantedConfig, progress: bool) -> None:
     started = time.perf_counter()
     cfg = config.model
     tokenizer = build_tokenizer(config, model_max_length=max(2048, cfg.seq_len))
-    torch.manual_seed(cfg.seed)
-    model = GPTNeoXForCausalLM(model_config(cfg, tokenizer))
+    if config.task == ATTENTION_TASK:  # built by hand: only theta (and maybe the read-out) trains
+        model = planted_scale.build_model(config, tokenizer)
+        calib, _ = generate(config, 256, np.random.default_rng([config.task_seed, 23]))
+        planted_scale.calibrate_readout(model, torch.from_numpy(calib + 1))
+        groups = planted_scale.train_only_theta(model, readout=config.readout_lr > 0)
+        if len(groups) > 1:
+            groups[1]["lr_scale"] = config.readout_lr
+    else:
+        torch.manual_seed(cfg.seed)
+        model = GPTNeoXForCausalLM(model_config(cfg, tokenizer))
+        groups = [{"params": list(model.parameters())}]
     model.set_attn_implementation("sdpa")
     model.train()
     if config.optimizer == "sgd":  # gradient-proportional steps: the regime of the 1/3 law
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr_max, momentum=0.9,
+        optimizer = torch.optim.SGD(groups, lr=cfg.lr_max, momentum=config.momentum,
                                     weight_decay=cfg.weight_decay)
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr_max, betas=cfg.betas, eps=1e-8,
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr_max, betas=cfg.betas, eps=1e-8,
                                       weight_decay=cfg.weight_decay)
     save_steps = set(cfg.checkpoint_steps())
 

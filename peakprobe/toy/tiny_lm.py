@@ -277,9 +277,10 @@ def run_updates(model, optimizer, tokenizer, out: Path, config: TinyLMConfig,
                 batch: Callable, *, desc: str, progress: bool,
                 on_step: Callable | None = None) -> tuple[list[float], list[float]]:
     """The update loop shared by the tiny LM and the planted tasks: ``config.steps`` updates at
-    the schedule's mean rate over each (``update_lr``, so the rates sum to tau), on
-    ``batch(step)`` (B, T) token ids, clipped, saving ``step<N>/`` at the log-spaced steps and the
-    schedule; ``on_step(step, model, optimizer, None)`` after each (and at step 0).
+    the schedule's mean rate over each (``update_lr``, so the rates sum to tau; a param group's
+    ``lr_scale`` multiplies its rate), on ``batch(step)`` (B, T) token ids, clipped, saving
+    ``step<N>/`` at the log-spaced steps and the schedule; ``on_step(step, model, optimizer,
+    None)`` after each (and at step 0).
     Returns the per-update losses and rates."""
     import torch
     from tqdm.auto import tqdm
@@ -295,8 +296,8 @@ def run_updates(model, optimizer, tokenizer, out: Path, config: TinyLMConfig,
     bar = tqdm(range(1, config.steps + 1), desc=desc, unit="step", disable=not progress)
     for step in bar:
         lr = update_lr(step, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        for group in optimizer.param_groups:  # a group may run at a multiple of the rate
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         ids = batch(step)  # (B, T)
         loss = model(input_ids=ids, labels=ids).loss
         optimizer.zero_grad(set_to_none=True)
