@@ -15,7 +15,7 @@ WEIGHT_DTYPES: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")
 #: the precisions the statistics can be computed in
 STATS_DTYPES: tuple[str, ...] = ("float32", "float64")
 #: how single heads' optimal-temperature gains are found
-HEAD_GAIN_MODES: tuple[str, ...] = ("estimate", "search", "off")
+HEAD_GAIN_MODES: tuple[str, ...] = ("screen", "estimate", "search", "off")
 BACKENDS: tuple[str, ...] = ("auto", "torch", "compile", "triton")
 
 
@@ -33,9 +33,10 @@ class ProbeConfig:
         per site; ``peakprobe.hooks.attribution``) when a model is probed over windows
         (``sweep.probe_model``); ``attach`` itself never does.
     attribution_windows: the first N evaluation windows the attribution runs on (0 = off).
-    attribution_heads: single heads' gains: "estimate" (the local quadratic estimate, one
-        loss evaluation a head), "search" (the exact 1-D search, about six), "off" (sensitivity
-        only).
+    attribution_heads: single heads' gains: "screen" (one loss evaluation a head, and a search
+        to about 2% for the heads whose gain may reach ``vocab.HEAD_GAIN_FLOOR`` of the loss),
+        "search" (the 1-D search for every head, to xtol), "estimate" (the local quadratic
+        estimate alone, one evaluation), "off" (sensitivity only).
     backend: "torch", "compile" (the torch path with each block's reductions fused by
         ``torch.compile``: fewer passes, a compile of tens of seconds on first use; on CPU it
         needs a C++ compiler), "triton" (forced; on CPU it needs TRITON_INTERPRET=1) or "auto"
@@ -52,7 +53,7 @@ class ProbeConfig:
     backend: str = "auto"
     lm_chunk: int = 512
     attribution_windows: int = 4
-    attribution_heads: str = "estimate"
+    attribution_heads: str = "screen"
     fused: bool = False
 
     def __post_init__(self) -> None:
@@ -66,7 +67,7 @@ class ProbeConfig:
         if self.attribution_windows < 0:
             raise ConfigError(f"attribution windows must be >= 0, got {self.attribution_windows}")
         if self.attribution_heads not in HEAD_GAIN_MODES:
-            raise ConfigError("attribution heads must be estimate, search or off, got "
+            raise ConfigError(f"attribution heads must be one of {', '.join(HEAD_GAIN_MODES)}, got "
                               f"{self.attribution_heads!r}")
 
     @property

@@ -156,6 +156,10 @@ MAGNITUDE_METRICS: tuple[str, ...] = (
 )
 #: a site's gain is a "large share" of the reducible loss L - L0 above this fraction
 GAIN_SHARE_MIN = 0.1
+#: a single head's gain below this fraction of the loss is negligible: it would reach the share
+#: threshold (GAIN_SHARE_MIN of L - L0) only when L - L0 is under 1% of L; screened heads whose
+#: screen promises less are not searched
+HEAD_GAIN_FLOOR = 1e-3
 #: the false-discovery rate of the Benjamini-Hochberg control over sites
 FDR = 0.1
 #: a share interval reaching above this fraction of L - L0 says nothing about the site (the

@@ -7,12 +7,15 @@ fixed, L(x) is the mean next-token cross-entropy over the attribution windows. P
 * ``sensitivity`` d L / d x at x = 0 — one backward pass for every head (a layer's and all
   attention's are the sums of their heads'); the LM head's in closed form, E_p[z] - z_target;
 * ``curvature`` d^2 L / d x^2 at 0 — the LM head's in closed form (its slope + Var_p[z]); for
-  attention the one-sided secant over [0, -sign(g) * delta] (see ``search``);
+  attention the one-sided secant over the search's first step (see ``search``);
 * ``gain`` G = L(0) - min_x L(x), and ``log_beta_opt`` the minimiser: a 1-D search for the LM
   head (on its cached logits, no re-forward), each layer's heads together and all heads
-  together. Single heads (``heads``): ``"estimate"`` (default) the local quadratic estimate
-  g^2 / (2h) from one evaluation (NaN where h <= 0), ``"search"`` the same search as the
-  groups (about six evaluations a head), ``"off"`` the sensitivity only.
+  together. Single heads (``heads``): ``"screen"`` (default) the loss at both bounds on the
+  first windows that hold a quarter of the targets, and a search (gain to 2%) only for the
+  heads whose screen allows half of ``vocab.HEAD_GAIN_FLOOR`` x L (NaN for the others: below
+  the floor); ``"search"`` the groups' search for every head; ``"estimate"`` the local
+  quadratic estimate g^2 / (2h) from one evaluation (NaN where h <= 0); ``"off"`` the
+  sensitivity only.
 
 Cost: evaluations for a beta on layer l re-run only layers l.. on top of the outputs of the
 layers below, cached once per batch (the decoder layers are found as the ``ModuleList`` whose
@@ -39,12 +42,12 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import vocab
 from .beta import attention_with_beta
-from .search import SearchResult, minimize_log_beta, quadratic_estimate
+from .search import SearchResult, minimize_log_beta, quadratic_estimate, screened_search
 
 _names = itertools.count()
 LM_SCAN = tuple(x / 2 for x in range(-6, 7))  # log beta -3 .. 3: the LM head's loss is cheap
 GROUP_EVALS = 12  # loss evaluations at most per search
-HEAD_MODES = ("estimate", "search", "off")
+HEAD_MODES = ("screen", "estimate", "search", "off")
 Batch = tuple[torch.Tensor, torch.Tensor | None]
 
 
@@ -292,7 +295,7 @@ def attribute(
     model: torch.nn.Module,
     batches: Sequence[Batch],
     *,
-    heads: str = "estimate",
+    heads: str = "screen",
     progress: bool = False,
     desc: str = "attribution",
 ) -> pd.DataFrame:
@@ -338,6 +341,9 @@ def _attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: st
             slope = float(g[head])
             if heads == "search":
                 r = minimize_log_beta(f, f0, slope, ftol=ftol, max_evals=GROUP_EVALS)
+            elif heads == "screen":
+                r = screened_search(f, f0, slope, floor=vocab.HEAD_GAIN_FLOOR * abs(f0), ftol=ftol,
+                                    max_evals=GROUP_EVALS)
             else:
                 r = quadratic_estimate(f, f0, slope)
             rows += _rows(vocab.ATTN, layer, head, r, n)
