@@ -3,8 +3,10 @@ with the default attribution against the same sweep forward-only, measured in on
 
 Model: the CPU benchmark shape of benchmarks/throughput.py, a random-init 6-layer, 256-wide,
 8-head GPT-NeoX (vocab 1024), float32, batch 8 x 512 tokens, 64 evaluation windows. Prints the
-seconds of each variant (best of --repeats), their ratio, and the attribution's share split into
-its parts (loss evaluations counted by site kind).
+seconds of each variant (best of --repeats) and their ratio to the forward-only sweep: the
+default attribution (single heads screened: ``--head-gains screen``), the attribution without
+single heads, and, as the cost where every head's gain matters, every head searched
+(``--head-gains search``).
 
     python benchmarks/sweep_cost.py [--repeats 2] [--windows 64] [--attribution-windows 8]
 """
@@ -53,11 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     full = ProbeConfig(backend="torch", attribution_windows=args.attribution_windows)
     groups = ProbeConfig(backend="torch", attribution_windows=args.attribution_windows,
                          attribution_heads="off")
+    every = ProbeConfig(backend="torch", attribution_windows=args.attribution_windows,
+                        attribution_heads="search")
     run(plain)()  # warm-up
     rows = [
         ("forward-only sweep (baseline)", _best_time(run(plain), args.repeats)),
         ("sweep + default attribution", _best_time(run(full), args.repeats)),
         ("sweep + attribution without head gains", _best_time(run(groups), args.repeats)),
+        ("sweep + attribution, every head searched", _best_time(run(every), args.repeats)),
     ]
     base = rows[0][1]
     print(f"GPT-NeoX 6 x 256, 8 heads, vocab 1024, float32, {args.windows} windows x {args.length} "

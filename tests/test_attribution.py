@@ -475,3 +475,17 @@ def test_screened_search_on_closed_forms():
     r = screened_search(double, double(0.0), 1e-4, floor=floor)
     assert r.gain == pytest.approx(double(0.0) - grid, rel=0.02)
     assert screened_search(lambda x: 0.0, 0.0, 0.0, floor=floor).gain == 0.0
+
+    def rise(x, cliff=True):  # a shallow dip, a rise above f(0) at the screen point, a cliff
+        return (-0.004 * math.exp(-((x - 0.6) / 0.4) ** 2) + 0.006 * math.exp(-((x - 1.5) / 0.3) ** 2)
+                - (0.02 / (1 + math.exp(-(x - 2.5) / 0.15)) if cliff else 0.0))
+    g0 = -0.004 * math.exp(-(0.6 / 0.4) ** 2) * 2 * 0.6 / 0.16
+    for cliff in (True, False):
+        calls = []
+        fn = lambda x, cliff=cliff, calls=calls: calls.append(x) or rise(x, cliff)  # noqa: E731
+        grid = min(rise(x, cliff) for x in np.linspace(-3, 3, 6001))
+        r = screened_search(fn, rise(0.0, cliff), g0, floor=1.5e-3)  # its promise: under the flag
+        if cliff:  # the second look at the bound finds the cliff, and the search its foot
+            assert r.gain == pytest.approx(rise(0.0) - grid, rel=0.02)
+        else:  # one more evaluation, nothing behind the rise: below the floor
+            assert r.estimated and len(calls) == 2 and 0 <= r.gain < 1.5e-3

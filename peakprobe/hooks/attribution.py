@@ -10,12 +10,12 @@ fixed, L(x) is the mean next-token cross-entropy over the attribution windows. P
   attention the one-sided secant over the search's first step (see ``search``);
 * ``gain`` G = L(0) - min_x L(x), and ``log_beta_opt`` the minimiser: a 1-D search for the LM
   head (on its cached logits, no re-forward), each layer's heads together and all heads
-  together. Single heads (``heads``): ``"screen"`` (default) the loss at both bounds on the
-  first windows that hold a quarter of the targets, and a search (gain to 2%) only for the
-  heads whose screen allows half of ``vocab.HEAD_GAIN_FLOOR`` x L (NaN for the others: below
-  the floor); ``"search"`` the groups' search for every head; ``"estimate"`` the local
-  quadratic estimate g^2 / (2h) from one evaluation (NaN where h <= 0); ``"off"`` the
-  sensitivity only.
+  together. Single heads (``heads``): ``"screen"`` (default) one evaluation half way to the
+  downhill bound, and a search (gain to 2%) only for the heads where it, or the quadratic model
+  through it, allows half of ``vocab.HEAD_GAIN_FLOOR`` x L (the screen's figure for the others,
+  below the floor; ``search.screened_search``); ``"search"`` the groups' search for every
+  head; ``"estimate"`` the local quadratic estimate g^2 / (2h) from one evaluation (NaN where
+  h <= 0); ``"off"`` the sensitivity only.
 
 Cost: evaluations for a beta on layer l re-run only layers l.. on top of the outputs of the
 layers below, cached once per batch (the decoder layers are found as the ``ModuleList`` whose
@@ -300,7 +300,7 @@ def attribute(
     desc: str = "attribution",
 ) -> pd.DataFrame:
     """Attribution metrics of every site over ``batches`` (tidy: site_kind, layer, head, metric,
-    value, n_rows; n_rows = next-token targets). ``heads``: "estimate", "search" or "off" (see
+    value, n_rows; n_rows = next-token targets). ``heads``: "screen", "estimate", "search" or "off" (see
     the module doc). The model is unchanged afterwards."""
     if heads not in HEAD_MODES:
         raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")

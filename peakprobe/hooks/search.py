@@ -232,10 +232,12 @@ def screened_search(
     accuracy), both bounds checked (the uphill one too); where its secant is concave it steps on
     by 3x rather than to the bound; a minimum on a bound (checked just inside) is checked once
     more at the midpoint between 0 and the bound, and the search goes on from there when that
-    is lower. Below it the head's gain is negligible: the screen's figure (``estimated``: the
-    model's minimum, or xs where that is lower; below the floor). The reported curvature is the
-    screen's secant. Blind spots (measured in docs/attribution.md): a deeper basin uphill of
-    x = 0 on an unflagged head, and one behind a rise past xs."""
+    is lower. A head whose promise reaches half that threshold while its loss at xs is above
+    f0 (the curve turned back up) gets one more evaluation, at the downhill bound, where a
+    second basin behind the rise shows. Below it the head's gain is negligible: the screen's
+    figure (``estimated``: the model's minimum, or a point seen where that is lower; below the
+    floor). The reported curvature is the screen's secant. Blind spot (measured in
+    docs/attribution.md): a deeper basin uphill of x = 0 on a head the screen does not flag."""
     lo, hi = bounds
     xb = (hi if g0 < 0 else lo) * SCREEN_POINT / hi
     fb = f(xb)
@@ -246,16 +248,23 @@ def screened_search(
     fv = f0 + g0 * xv + 0.5 * h * xv * xv
     if fv < best:
         x, best = xv, fv
-    if not f0 - best >= floor * SCREEN_FLAG:
-        return SearchResult(x, best, f0, g0, h, 1, x in (lo, hi), True)
     seen: dict[float, float] = {xb: fb}
+    if fb > f0 and f0 - best >= 0.5 * floor * SCREEN_FLAG:
+        # near the threshold, and the loss turns back up before xs: a second basin behind that
+        # rise would show at the downhill bound (one more evaluation)
+        xe = hi if g0 < 0 else lo
+        seen[xe] = f(xe)
+        if seen[xe] < best:
+            x, best = xe, seen[xe]
+    if not f0 - best >= floor * SCREEN_FLAG:
+        return SearchResult(x, best, f0, g0, h, len(seen), x in (lo, hi), True)
 
     def ev(x: float) -> float:
         seen[x] = f(x)
         return seen[x]
 
     kw = dict(bounds=bounds, ftol=ftol, max_evals=max_evals, rtol=rtol, concave_factor=3.0)
-    r = minimize_log_beta(ev, f0, g0, start=x if x != 0.0 else xb, known={xb: fb}, **kw)
+    r = minimize_log_beta(ev, f0, g0, start=x if x != 0.0 else xb, known=dict(seen), **kw)
     if r.at_bound:  # a basin between 0 and the bound shows at the midpoint (1 evaluation)
         mid = 0.5 * r.x
         if mid not in seen and ev(mid) < r.f:
@@ -279,8 +288,9 @@ def describe_attribution(windows: int, heads: str) -> dict:
                       f"model through it and the slope promises {SCREEN_FLAG:g} x the floor "
                       "(HEAD_GAIN_FLOOR x L), the search from the model's minimum (gain to "
                       f"{HEAD_RTOL:g} relative, both bounds checked, a minimum on a bound checked "
-                      "just inside and at the midpoint); elsewhere the screen's figure (below the "
-                      "floor)",
+                      "just inside and at the midpoint; a head within half of that whose loss at "
+                      "the screen point is above L(0) gets one more look, at the downhill bound); "
+                      "elsewhere the screen's figure (below the floor)",
             "estimate": "estimate: G = g^2 / (2 h), g by autograd, h the secant over "
                         f"[0, -sign(g) * {DELTA:g}]; gain NaN where h <= 0",
             "search": "search, as the groups",
