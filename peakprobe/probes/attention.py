@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gaussian_entropy import curve_table
+from .gaussian_entropy import load_tables
 from .rows import (
     Sums,
     attn_metric_names,
@@ -211,7 +211,7 @@ def _head_sums(core_raw: Sums, edge_raw: Sums, first, present, ok, sink, names):
 def _compiled_head_sums(*args):
     """``_head_sums`` compiled (backend "compile"): its few hundred small per-row float64 ops
     become one or two loops."""
-    curve_table()  # loaded before tracing: the trace must not see it unloaded
+    load_tables()  # built before tracing: the trace must not see them unbuilt
     return compiled_call(_head_sums, *args)
 
 

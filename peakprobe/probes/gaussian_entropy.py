@@ -145,6 +145,7 @@ def curve_table() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 _BRACKETS: tuple[torch.Tensor, torch.Tensor] | None = None
+_STEPS: int | None = None
 _CELLS = 1024  # cells of h per interval of the n grid (finer than any knot spacing of h)
 
 
@@ -164,6 +165,21 @@ def _brackets() -> tuple[torch.Tensor, torch.Tensor]:
         hi = (upper >= edges[:-1]).sum(1) - 1
         _BRACKETS = tuple(t.clamp(0, nb - 1).to(torch.int32).reshape(-1) for t in (lo, hi))
     return _BRACKETS
+
+
+def _bracket_steps() -> int:
+    """Binary-search steps that resolve the widest bracket of ``_brackets``."""
+    global _STEPS
+    if _STEPS is None:
+        lo, hi = _brackets()
+        _STEPS = int((hi - lo).max()).bit_length()
+    return _STEPS
+
+
+def load_tables() -> None:
+    """Build every cached table ``beta_eff`` reads (before a ``torch.compile`` trace of it)."""
+    curve_table()
+    _bracket_steps()
 
 
 def _curves_at(log_n: torch.Tensor) -> torch.Tensor:
@@ -227,8 +243,9 @@ def beta_eff(entropy: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     cell = (h * _CELLS).nan_to_num_(0.0).clamp_(0, _CELLS - 1).to(torch.int32)
     at = (i - 1) * _CELLS + cell
     lo, hi = take(lo_tab, at), take(hi_tab, at)
-    width = int((hi - lo).max()) if lo.numel() else 0
-    for _ in range(width.bit_length()):
+    # as many steps as the widest bracket of the table needs (not of these rows: a fixed count
+    # keeps the compiled path free of a data-dependent loop; converged rows stay put)
+    for _ in range(_bracket_steps()):
         mid = (lo + hi + 1) >> 1
         above = curve(mid) >= h
         lo = torch.where(above, mid, lo)
