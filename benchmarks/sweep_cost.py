@@ -8,7 +8,7 @@ default attribution (single heads screened: ``--head-gains screen``), the attrib
 single heads, and, as the cost where every head's gain matters, every head searched
 (``--head-gains search``).
 
-    python benchmarks/sweep_cost.py [--repeats 2] [--windows 64] [--attribution-windows 8]
+    python benchmarks/sweep_cost.py [--repeats 2] [--windows 64] [--attribution-windows 4]
 """
 
 from __future__ import annotations
