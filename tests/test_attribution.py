@@ -230,6 +230,15 @@ def _grid_gain(fn, f0: float) -> tuple[float, np.ndarray, np.ndarray]:
     return f0 - min(fine, values.min()), grid, values
 
 
+def _grid_head_gains(model, ids, mask, f0: float):
+    """Every head's brute-force gain: yields (layer, head, gain, grid, f on the grid)."""
+    for layer in range(model.config.num_hidden_layers):
+        for head in range(model.config.num_attention_heads):
+            def fn(x, layer=layer, head=head):
+                return reference_loss(model, ids, mask, _head_factors(model, layer, head, math.exp(x)))
+            yield (layer, head, *_grid_gain(fn, f0))
+
+
 def test_screened_head_gains_are_within_ten_percent_of_the_grid_where_they_are_not_negligible(trained):
     """The default single-head gains (``screen``) against a brute-force grid of the reference loss,
     on a trained model at two checkpoints: within 10% for every head whose gain reaches the floor
@@ -242,18 +251,14 @@ def test_screened_head_gains_are_within_ten_percent_of_the_grid_where_they_are_n
         df = attribute(model, [(ids, None)])
         f0 = reference_loss(model, ids, None, {})
         floor = vocab.HEAD_GAIN_FLOOR * f0
-        for layer in range(model.config.num_hidden_layers):
-            for head in range(model.config.num_attention_heads):
-                def fn(x, layer=layer, head=head):
-                    return reference_loss(model, ids, None, _head_factors(model, layer, head, math.exp(x)))
-                exact, _, _ = _grid_gain(fn, f0)
-                gain = _value(df, vocab.ATTN, layer, head, vocab.GAIN)
-                if exact >= floor:
-                    errors.append(abs(gain - exact) / exact)
-                    assert gain == pytest.approx(exact, rel=0.1), (layer, head)
-                else:
-                    below += 1
-                    assert 0 <= gain < floor, (layer, head)
+        for layer, head, exact, _, _ in _grid_head_gains(model, ids, None, f0):
+            gain = _value(df, vocab.ATTN, layer, head, vocab.GAIN)
+            if exact >= floor:
+                errors.append(abs(gain - exact) / exact)
+                assert gain == pytest.approx(exact, rel=0.1), (layer, head)
+            else:
+                below += 1
+                assert 0 <= gain < floor, (layer, head)
     print(f"screen vs grid, {len(errors)} heads above the floor: relative errors "
           f"{sorted(round(e, 4) for e in errors)}; {below} below")
     assert len(errors) >= 8 and below >= 2
@@ -268,17 +273,13 @@ def test_screen_looks_downhill_and_search_finds_an_uphill_basin(neox):
     search = attribute(model, [(ids[:2], mask[:2]), (ids[2:], mask[2:])], heads="search")
     f0 = reference_loss(model, ids, mask, {})
     uphill = 0
-    for layer in range(model.config.num_hidden_layers):
-        for head in range(model.config.num_attention_heads):
-            def fn(x, layer=layer, head=head):
-                return reference_loss(model, ids, mask, _head_factors(model, layer, head, math.exp(x)))
-            exact, grid, values = _grid_gain(fn, f0)
-            gain = _value(df, vocab.ATTN, layer, head, vocab.GAIN)
-            g = _value(df, vocab.ATTN, layer, head, vocab.SENSITIVITY)
-            assert gain <= 1.1 * exact + 1e-12, (layer, head)
-            if exact > vocab.HEAD_GAIN_FLOOR * f0 and f0 - values[grid * -np.sign(g) >= 0].min() < 0.5 * exact:
-                uphill += 1
-                assert _value(search, vocab.ATTN, layer, head, vocab.GAIN) == pytest.approx(exact, rel=0.1)
+    for layer, head, exact, grid, values in _grid_head_gains(model, ids, mask, f0):
+        gain = _value(df, vocab.ATTN, layer, head, vocab.GAIN)
+        g = _value(df, vocab.ATTN, layer, head, vocab.SENSITIVITY)
+        assert gain <= 1.1 * exact + 1e-12, (layer, head)
+        if exact > vocab.HEAD_GAIN_FLOOR * f0 and f0 - values[grid * -np.sign(g) >= 0].min() < 0.5 * exact:
+            uphill += 1
+            assert _value(search, vocab.ATTN, layer, head, vocab.GAIN) == pytest.approx(exact, rel=0.1)
     assert uphill >= 1
 
 
