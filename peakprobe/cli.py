@@ -79,6 +79,7 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
         SweepConfig,
     )
     from .config import default as d
+    from .vocab import HEAD_GAIN_FLOOR
 
     _add_selection(p)
     g = p.add_argument_group("evaluation data")
@@ -114,8 +115,9 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                    help="run the attribution on the first N evaluation windows (default %(default)s; 0 = off)")
     m.add_argument("--head-gains", choices=HEAD_GAIN_MODES, default=d(ProbeConfig, "attribution_heads"),
                    help="single heads' gains: screen (default: one loss evaluation a head, and a "
-                   "search to 2%% where the gain may reach 1e-4 of the loss), search (every head, "
-                   "to xtol), estimate (the local quadratic estimate alone), off (sensitivity only)")
+                   f"search to 2%% where the gain may reach half of {HEAD_GAIN_FLOOR:g} of the loss), "
+                   "search (every head, to xtol), estimate (the local quadratic estimate alone), "
+                   "off (sensitivity only)")
     m.add_argument("--backend", choices=BACKENDS, default=d(ProbeConfig, "backend"),
                    help="statistics path: auto (default: the Triton kernel on CUDA when installed, "
                    "else torch), torch, compile (torch.compile fuses each block's passes: faster "
