@@ -21,6 +21,7 @@ from peakprobe.probes import (
     row_stats,
 )
 from peakprobe.probes._entropy_curve import B_GRID
+from peakprobe.probes.gaussian_entropy import counts
 from peakprobe.probes.rows import block_sums, finish, merge, merge_one, single, top2
 from peakprobe.probes.workspace import Workspace
 
@@ -137,6 +138,34 @@ def test_beta_eff_matches_a_dense_inversion_of_each_rows_curve():
     t = ((c0 - h) / (c0 - c1)).clamp(0, 1)
     want = torch.where(h >= 1, torch.zeros_like(h), (knots[j] + (knots[j + 1] - knots[j]) * t) * thr)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_max", [1024, 3000])
+def test_beta_eff_from_per_n_tables_matches_the_general_path(n_max):
+    """The tabled search (``counts`` with a bound, branch-free steps over padded curves) against
+    the bracketed binary search of every row's own curve: random whole n up to the bound
+    (n = 0 and 1 included, and a broadcast (1, N) count), h at knots, above 1, at 0, NaN."""
+    g = torch.Generator().manual_seed(11)
+    n = torch.cat([torch.tensor([0.0, 1.0, 2.0, 3.0, float(n_max)]),
+                   torch.randint(2, n_max + 1, (4000,), generator=g).double()])
+    knots = torch.tensor(B_GRID, dtype=torch.float64)
+    thr = vocab.peaked_threshold(n.clamp(min=2))
+    curve = torch.stack([expected_entropy(b * thr, n.clamp(min=2)) / n.clamp(min=2).log() for b in knots], -1)
+    at_knot = curve.gather(-1, torch.randint(0, len(B_GRID), (len(n), 1), generator=g)).squeeze(-1)
+    h = torch.where(torch.rand(len(n), generator=g) < 0.3, at_knot, torch.rand(len(n), generator=g, dtype=torch.float64))
+    h[:8] = torch.tensor([0.0, 1.0, 1.5, 0.0, 0.5, 1.0, 1e-9, 0.999999])
+    h[9] = float("nan")
+    entropy = h * n.clamp(min=2).log()
+    tabled = counts(n, n_max)
+    assert tabled.tables is not None
+    got = beta_eff(entropy, tabled)
+    want = beta_eff(entropy, n)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    # no bound: the general path itself
+    torch.testing.assert_close(beta_eff(entropy, counts(n, None)), want, rtol=0, atol=0, equal_nan=True)
+    small = counts(n[None, :50], n_max)  # a broadcast count, one row of entropies per head
+    torch.testing.assert_close(beta_eff(entropy[:50].expand(3, 50), small), want[:50].expand(3, 50),
+                               rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
 def test_merge_one_is_merge_with_a_single_option_bit_for_bit():

@@ -163,8 +163,14 @@ def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compile
         sums, out = raw_block_sums(z, valid, weigh=weigh, work=work)
     else:
         sums = raw_block_sums(z, valid, compiled=compiled, work=work)
-    sums = Sums(*(getattr(sums, f).reshape(b, h, n_c * chunk)[:, :, :tq] for f in Sums.__dataclass_fields__))
-    return sums, out
+    return Sums(*(_query_rows(getattr(sums, f), tq) for f in Sums.__dataclass_fields__)), out
+
+
+def _query_rows(x: torch.Tensor, tq: int) -> torch.Tensor:
+    """(B, H, nC, C) -> (B|1, H|1, Tq): a leading dim broadcast by x (stride 0, e.g. the key
+    counts) stays size 1."""
+    x = x[: 1 if x.stride(0) == 0 else None, : 1 if x.stride(1) == 0 else None]
+    return x.reshape(*x.shape[:2], -1)[:, :, :tq]
 
 
 def _masked_chunk(z, valid, value, dtype, k0, compiled: bool, work) -> _Chunk:
@@ -184,19 +190,34 @@ def _masked_chunk(z, valid, value, dtype, k0, compiled: bool, work) -> _Chunk:
     return chunk
 
 
+def _cat_rows(xs: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
+    """Per-chunk row tensors (B|1, H|1, C), concatenated along the query rows: (B|1, H|1, Tq).
+    A leading dim that every part broadcasts (size 1 or stride 0, e.g. the key counts of causal
+    rows) stays size 1: concatenating broadcast views is a slow copy, and later per-row
+    operations broadcast it for free."""
+    lead = tuple(1 if all(x.shape[d] == 1 or x.stride(d) == 0 for x in xs) else shape[d] for d in range(2))
+    return torch.cat([x if x.shape[:2] == lead else _lead(x, lead) for x in xs], dim=2)
+
+
+def _lead(x: torch.Tensor, lead: tuple[int, int]) -> torch.Tensor:
+    """x (B|1, H|1, C) as (*lead, C): broadcast dims cut to 1, the others expanded (views)."""
+    x = x[: 1 if lead[0] == 1 else None, : 1 if lead[1] == 1 else None]
+    return x.expand(*lead, x.shape[2])
+
+
 def _cat_sums(parts: list[Sums], shape: tuple[int, ...]) -> Sums:
-    """Raw per-chunk sums, concatenated along the query rows."""
-    fields = Sums.__dataclass_fields__
-    return Sums(*(torch.cat([getattr(p, f).expand(shape[:2] + getattr(p, f).shape[2:]) for p in parts], dim=2) for f in fields))
+    """Raw per-chunk sums, concatenated along the query rows (``_cat_rows``)."""
+    return Sums(*(_cat_rows([getattr(p, f) for p in parts], shape) for f in Sums.__dataclass_fields__))
 
 
-def _head_sums(core_raw: Sums, edge_raw: Sums, first, present, ok, sink, names):
+def _head_sums(core_raw: Sums, edge_raw: Sums, first, present, ok, sink, names, n_max=None):
     """Per-head sums (H, M) and counts (H, M) of the statistics ``names`` from the rows' raw
-    sums: core and edge parts (B, H, Tq), the first visible key's logit, kept rows ``ok``."""
+    sums: core and edge parts (B, H, Tq), the first visible key's logit, kept rows ``ok``;
+    ``n_max`` bounds the rows' key counts (``finish``)."""
     rest = merge(normalized(core_raw), normalized(edge_raw))
     keys = merge_one(rest, first, present)
-    stats = finish(keys, ok, first=first, rest=rest, sink=sink)
-    b, h, tq = ok.shape
+    stats = finish(keys, ok, first=first, rest=rest, sink=sink, n_max=n_max)
+    b, h, tq = first.shape
     # values are 0 wherever their weight (0 or 1) is: their sum is the weighted sum
     sums = torch.stack([stats.values[n].expand(b, h, tq).sum(dim=(0, 2)) for n in names], -1)
     count: dict[int, torch.Tensor] = {}  # one count per distinct weight tensor
@@ -208,9 +229,9 @@ def _head_sums(core_raw: Sums, edge_raw: Sums, first, present, ok, sink, names):
     return sums, counts, keys
 
 
-def _compiled_head_sums(*args):
+def _compiled_head_sums(*args, n_max=None):
     """``_head_sums`` compiled (backend "compile"): its few hundred small per-row float64 ops
-    become one or two loops."""
+    become one or two loops (without per-n tables: fused, the per-row arithmetic is cheap)."""
     load_tables()  # built before tracing: the trace must not see them unbuilt
     return compiled_call(_head_sums, *args)
 
@@ -267,8 +288,8 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     else:
         edge_raw = _cat_sums([c.edge for c in chunks], (b, h))
     first = torch.cat([c.first for c in chunks], dim=2).to(torch.float64)  # (B, H, Tq)
-    present = torch.cat([c.present.expand(b, h, -1) for c in chunks], dim=2)
-    ok = torch.ones(b, h, tq, dtype=torch.bool, device=query.device)
+    present = _cat_rows([c.present for c in chunks], (b, h))  # (B|1, H|1, Tq)
+    ok = torch.ones(1, 1, tq, dtype=torch.bool, device=query.device)  # broadcast over heads
     if row_valid is not None:
         ok = ok & row_valid.bool().view(b, 1, tq)
     sink = None
@@ -278,7 +299,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
         sink = sink.expand(b, h, tq)
     names = attn_metric_names(sinks is not None)
     reduce = _compiled_head_sums if compiled else _head_sums
-    sums, counts, keys = reduce(core_raw, edge_raw, first, present, ok, sink, names)
+    sums, counts, keys = reduce(core_raw, edge_raw, first, present, ok, sink, names, n_max=tk)
     out = None
     if value is not None:
         lse = stats_lse(keys, sink)  # (B, H, Tq)

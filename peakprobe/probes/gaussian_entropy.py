@@ -28,6 +28,7 @@ across beta keep every sample's curve monotone.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -206,14 +207,96 @@ def expected_entropy(beta: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     return ((lo + (hi - lo) * t).squeeze(-1)) * log_n
 
 
-def beta_eff(entropy: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+#: the largest option count with per-n tables (``counts``); above it every row computes its own
+PER_N_MAX = 1 << 15
+
+
+@dataclass(frozen=True)
+class PerN:
+    """Everything ``beta_eff`` and the peaked flags need from an option count n, tabulated for
+    every integer n in [0, size] (float64 unless said): a row then gathers them by its n instead
+    of recomputing logs, square roots and the interpolated curve at every step of its search."""
+
+    size: int
+    log_n: torch.Tensor  # ln max(n, 2)
+    threshold: torch.Tensor  # vocab.peaked_threshold(n) (0 for n <= 1)
+    threshold2: torch.Tensor  # vocab.peaked_threshold(max(n, 2))
+    curves: torch.Tensor  # ((size + 1) * stride,) n's normalised curve at the knots, row by row
+    stride: int  # Nb, then -inf entries that no h reaches (a search step may overshoot)
+    cell_base: torch.Tensor  # int32: n's first entry in ``_brackets`` ((interval - 1) * cells)
+
+
+_PER_N: dict[tuple[int, torch.device], PerN] = {}
+
+
+def per_n_tables(n_max: int, device: torch.device | str = "cpu") -> PerN:
+    """The ``PerN`` tables for n up to at least n_max (a power of two >= 1024; cached)."""
+    size = max(1024, 1 << max(0, int(n_max) - 1).bit_length())
+    key = (size, torch.device(device))
+    if key not in _PER_N:
+        ln_grid, _, table = curve_table()
+        n = torch.arange(size + 1, dtype=torch.float64)
+        log_n = n.clamp(min=2).log()
+        # the same arithmetic as the general path of beta_eff, once per n instead of per row
+        x = log_n.clamp(ln_grid[0], ln_grid[-1])
+        i = torch.searchsorted(ln_grid, x, right=True).clamp(1, len(ln_grid) - 1)
+        w = ((x - ln_grid[i - 1]) / (ln_grid[i] - ln_grid[i - 1])).unsqueeze(-1)  # (size + 1, 1)
+        lo_v, hi_v = table[i - 1], table[i]  # (size + 1, Nb)
+        pad = torch.full((size + 1, 1 << _bracket_steps()), float("-inf"), dtype=torch.float64)
+        curves = torch.cat([lo_v + (hi_v - lo_v) * w, pad], 1)  # (size + 1, stride)
+        _PER_N[key] = PerN(
+            size=size,
+            log_n=log_n.to(device),
+            threshold=vocab.peaked_threshold(n).to(device),
+            threshold2=vocab.peaked_threshold(n.clamp(min=2)).to(device),
+            curves=curves.reshape(-1).to(device),
+            stride=curves.shape[1],
+            cell_base=((i - 1) * _CELLS).to(torch.int32).to(device),
+        )
+    return _PER_N[key]
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Functions of each row's option count n (row shape), computed once and shared by every
+    statistic that needs them. ``index`` and ``tables`` are set when n has per-n tables."""
+
+    n: torch.Tensor  # float64
+    log_n: torch.Tensor  # ln max(n, 2)
+    threshold: torch.Tensor  # vocab.peaked_threshold(n)
+    index: torch.Tensor | None = None  # int64: n itself, a row of ``tables``
+    tables: PerN | None = None
+
+
+def counts(n: torch.Tensor, n_max: int | None = None) -> Counts:
+    """``Counts`` of integer-valued option counts n. ``n_max``: a bound on every n, known to the
+    caller (e.g. the key length); up to ``PER_N_MAX`` the values come from per-n tables."""
+    n = n.to(torch.float64)
+    if n_max is None or n_max > PER_N_MAX:
+        return Counts(n, n.clamp(min=2).log(), vocab.peaked_threshold(n))
+    tables = per_n_tables(n_max, n.device)
+    k = n.clamp(0, tables.size).to(torch.int64)  # exact: n holds whole numbers
+    return Counts(n, _take(tables.log_n, k), _take(tables.threshold, k), k, tables)
+
+
+def _take(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """table[idx] for a 1-D table (``index_select``: several times faster than indexing on CPU)."""
+    return table.index_select(0, idx.reshape(-1)).view(idx.shape)
+
+
+def beta_eff(entropy: torch.Tensor, n: torch.Tensor | Counts) -> torch.Tensor:
     """The inverse temperature at which Gaussian logits over n options have this entropy.
 
     entropy, n: broadcastable (n >= 2 where the result is used; other entries give 0). The
     result is float64, in [0, B_GRID[-1] * sqrt(2 ln n)] (clamped outside the table, see the
     module docstring). Per row, the knot where the row's curve (the two tabulated n around it,
     combined on the fly) crosses h, by a binary search inside the bracket the two tabulated
-    curves give, then the root of the linear piece."""
+    curves give, then the root of the linear piece. n may be ``Counts`` (then of entropy's
+    shape): with per-n tables, the row's curve is gathered instead of combined."""
+    if isinstance(n, Counts):
+        if n.tables is not None:
+            return _beta_eff_tabled(entropy.to(torch.float64), n)
+        n = n.n
     entropy, n = torch.broadcast_tensors(entropy.to(torch.float64), n.to(torch.float64))
     n = n.clamp(min=2)
     log_n = n.log()
@@ -257,6 +340,35 @@ def beta_eff(entropy: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     b = b0 + (b1 - b0) * t
     b = torch.where(h >= 1.0, torch.zeros_like(b), b)
     return b * vocab.peaked_threshold(n)
+
+def _beta_eff_tabled(entropy: torch.Tensor, c: Counts) -> torch.Tensor:
+    """``beta_eff`` from per-n tables: the same knot and the same arithmetic (each row's curve
+    was interpolated once per n, by the same formula). The search is branch-free: from the
+    bracket's low end, try steps of 2^k, ..., 1 and keep each that still has curve >= h (one
+    comparison per step; an overshoot lands on a -inf pad or a lower curve value)."""
+    t = c.tables
+    assert t is not None and c.index is not None
+    _, b_grid, _ = curve_table()
+    b_grid = b_grid.to(entropy.device)
+    nb = b_grid.numel()
+    k = c.index
+    h = entropy / c.log_n
+    lo_tab = _brackets()[0].to(entropy.device)
+    cell = (h * _CELLS).nan_to_num_(0.0).clamp_(0, _CELLS - 1).to(torch.int64)
+    at = _take(t.cell_base, k) + cell
+    pos = _take(lo_tab, at) + k * t.stride  # the bracket's low knot, in ``t.curves``
+    for step in reversed(range(_bracket_steps())):
+        cand = pos + (1 << step)
+        pos = torch.where(_take(t.curves, cand) >= h, cand, pos)
+    row = k * t.stride
+    j = (pos - row).clamp_(max=nb - 2)
+    pos = row + j
+    c0, c1 = _take(t.curves, pos), _take(t.curves, pos + 1)
+    frac = ((c0 - h) / (c0 - c1).clamp(min=1e-300)).clamp(0.0, 1.0)
+    b0, b1 = _take(b_grid, j), _take(b_grid, j + 1)
+    b = b0 + (b1 - b0) * frac
+    b = torch.where(h >= 1.0, torch.zeros_like(b), b)
+    return b * _take(t.threshold2, k)
 
 
 def _write_table(path: str) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import vocab
-from .gaussian_entropy import beta_eff
+from .gaussian_entropy import Counts, beta_eff, counts
 from .workspace import Workspace, take
 
 XSINK_METRICS = vocab.XSINK_METRICS
@@ -167,8 +167,8 @@ def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=Non
     n_cols = x.shape[-1]
     if compiled and weigh is None and n_cols >= 2:
         return _compiled_sums(x, valid)
-    if n_cols == 0:
-        zero = torch.zeros(rows, dtype=x.dtype, device=x.device)
+    if n_cols == 0:  # broadcast zeros: they keep concatenated counts small (``attention``)
+        zero = torch.zeros((), dtype=x.dtype, device=x.device).expand(rows)
         return Sums(zero, zero, zero, zero, zero, zero, zero)
     if n_cols >= 2 and x.dtype in _CLAMP:
         return _fast_sums(x, valid, weigh, work)
@@ -289,12 +289,14 @@ def single(z: torch.Tensor, present: torch.Tensor | None = None) -> Sums:
 def merge(x: Sums, y: Sums) -> Sums:
     """The ``Sums`` of the union of two disjoint parts of each row (exact, no cancellation)."""
     m = torch.maximum(x.m, y.m)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    dx = torch.where(x.n > 0, x.m - m_safe, torch.zeros_like(m))  # <= 0
-    dy = torch.where(y.n > 0, y.m - m_safe, torch.zeros_like(m))
+    n = x.n + y.n
+    zero = torch.zeros((), dtype=m.dtype, device=m.device)
+    m_safe = torch.where(n > 0, m, zero)  # m is finite exactly where a part has options
+    dx = torch.where(x.n > 0, x.m - m_safe, zero)  # <= 0
+    dy = torch.where(y.n > 0, y.m - m_safe, zero)
     ex, ey = dx.exp(), dy.exp()
     return Sums(
-        n=x.n + y.n,
+        n=n,
         m=m,
         m2=torch.maximum(torch.minimum(x.m, y.m), torch.maximum(x.m2, y.m2)),
         s=x.s * ex + y.s * ey,
@@ -308,16 +310,18 @@ def merge_one(x: Sums, z: torch.Tensor, present: torch.Tensor | None = None) -> 
     """``merge(x, single(z, present))`` without the single option's zero sums: the same
     values, bit for bit for finite z, in about half the per-row operations."""
     z = z.to(torch.float64)
-    yn = torch.ones_like(z) if present is None else present.to(torch.float64).expand_as(z)
-    ym = torch.where(yn > 0, z, torch.full_like(z, float("-inf")))
+    yn = torch.ones((), dtype=z.dtype, device=z.device) if present is None else present.to(torch.float64)
+    ym = torch.where(yn > 0, z, torch.full((), float("-inf"), dtype=z.dtype, device=z.device))
     m = torch.maximum(x.m, ym)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    dx = torch.where(x.n > 0, x.m - m_safe, torch.zeros_like(m))  # <= 0
-    dy = torch.where(yn > 0, ym - m_safe, torch.zeros_like(m))
+    n = x.n + yn
+    zero = torch.zeros((), dtype=m.dtype, device=m.device)
+    m_safe = torch.where(n > 0, m, zero)  # m is finite exactly where the row has an option
+    dx = torch.where(x.n > 0, x.m - m_safe, zero)  # <= 0
+    dy = torch.where(yn > 0, ym - m_safe, zero)
     ex, ey = dx.exp(), dy.exp()
     ny_dy = yn * dy
     return Sums(
-        n=x.n + yn,
+        n=n,
         m=m,
         m2=torch.maximum(torch.minimum(x.m, ym), x.m2),
         s=x.s * ex + yn * ey,
@@ -327,10 +331,11 @@ def merge_one(x: Sums, z: torch.Tensor, present: torch.Tensor | None = None) -> 
     )
 
 
-def _softmax_stats(p: Sums) -> tuple[torch.Tensor, torch.Tensor]:
-    """(entropy, max_prob) of the softmax over a part's options."""
+def _softmax_stats(p: Sums) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(entropy, max_prob, log-sum-exp) of the softmax over a part's options."""
     s = p.s.clamp(min=1e-300)
-    return s.log() - p.a / s, 1.0 / s
+    log_s = s.log()
+    return log_s - p.a / s, 1.0 / s, p.m + log_s
 
 
 def _logit_stats(k: Sums) -> tuple[torch.Tensor, torch.Tensor]:
@@ -341,9 +346,9 @@ def _logit_stats(k: Sums) -> tuple[torch.Tensor, torch.Tensor]:
     return var.sqrt(), -mean_d
 
 
-def _peaked_entropy(entropy: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _peaked_entropy(entropy: torch.Tensor, n: Counts) -> tuple[torch.Tensor, torch.Tensor]:
     b = beta_eff(entropy, n)
-    return b, (b > vocab.peaked_threshold(n.to(torch.float64))).to(torch.float64)
+    return b, (b > n.threshold).to(torch.float64)
 
 
 def finish(
@@ -354,6 +359,7 @@ def finish(
     rest: Sums | None = None,
     sink: torch.Tensor | None = None,
     target_logit: torch.Tensor | None = None,
+    n_max: int | None = None,
 ) -> RowStats:
     """Every statistic per row, float64, from the ``Sums`` of the row's keys (or vocabulary).
 
@@ -369,31 +375,32 @@ def finish(
             logit_max_minus_mean, logit_top_gap, peaked) stay over the n real keys.
         target_logit: the next token's logit (LM head; NaN where there is none): adds
             ``loss``, ``target_prob``, ``target_logit_minus_mean``.
+        n_max: a bound on every row's option count (``keys.n``), when the caller knows one:
+            the count's logs and thresholds then come from per-n tables (``counts``).
     """
     f64 = torch.float64
     ok = ok & (keys.n > 0)
     okf = ok.to(f64)
     soft = keys if sink is None else merge_one(keys, sink.to(f64).expand_as(keys.m))
-    n_opt = soft.n
-    entropy, max_prob = _softmax_stats(soft)
+    key_n = counts(keys.n, n_max)
+    opt_n = key_n if sink is None else counts(soft.n, None if n_max is None else n_max + 1)
+    entropy, max_prob, lse = _softmax_stats(soft)
     std, max_minus_mean = _logit_stats(keys)
-    two_opt = (ok & (n_opt > 1)).to(f64)
     two_keys = (ok & (keys.n > 1)).to(f64)
-    log_n = n_opt.clamp(min=2).log()
-    b_eff, p_ent = _peaked_entropy(entropy, n_opt)
+    two_opt = two_keys if sink is None else (ok & (soft.n > 1)).to(f64)
+    b_eff, p_ent = _peaked_entropy(entropy, opt_n)
     values = {
         "entropy": entropy,
-        "entropy_norm": entropy / log_n,
+        "entropy_norm": entropy / opt_n.log_n,
         "max_prob": max_prob,
         "logit_std": std,
         "logit_max_minus_mean": max_minus_mean,
         "logit_top_gap": keys.m - keys.m2,
-        "peaked": (std > vocab.peaked_threshold(keys.n)).to(f64),
+        "peaked": (std > key_n.threshold).to(f64),
     }
     weight = {name: okf for name in values}
     weight["entropy_norm"] = two_opt
     weight["logit_top_gap"] = two_keys
-    lse = soft.m + soft.s.clamp(min=1e-300).log()
     if first is not None:
         values["first_key_prob"] = (first.to(f64) - lse).exp()
         weight["first_key_prob"] = okf
@@ -410,10 +417,11 @@ def finish(
     values[vocab.PEAKED_ENTROPY] = p_ent
     weight[vocab.BETA_EFF] = weight[vocab.PEAKED_ENTROPY] = two_opt
     if rest is not None:
-        x_ent, x_max = _softmax_stats(rest)
+        rest_n = counts(rest.n, n_max)
+        x_ent, x_max, _ = _softmax_stats(rest)
         x_std, _ = _logit_stats(rest)
-        x_b, x_pe = _peaked_entropy(x_ent, rest.n)
-        x_vals = (x_ent, x_max, x_std, (x_std > vocab.peaked_threshold(rest.n)).to(f64), x_b, x_pe)
+        x_b, x_pe = _peaked_entropy(x_ent, rest_n)
+        x_vals = (x_ent, x_max, x_std, (x_std > rest_n.threshold).to(f64), x_b, x_pe)
         x_ok = (ok & (rest.n > 1)).to(f64)
         for name, v in zip(XSINK_METRICS, x_vals, strict=True):
             values[name] = v
@@ -470,11 +478,11 @@ def row_stats(
         zt = torch.where((target >= 0) & tv, zt, torch.full_like(zt, float("nan")))
     if not first_key:
         keys = block_sums(z, None if all_valid else valid, compiled=compiled, work=work)
-        return finish(keys, ok, target_logit=zt)
+        return finish(keys, ok, target_logit=zt, n_max=z.shape[-1])
     v = valid.expand_as(z)
     idx = v.to(torch.int8).argmax(-1, keepdim=True)  # first True per row
     present = v.gather(-1, idx).squeeze(-1)
     zf = z.gather(-1, idx).squeeze(-1)
     rest = block_sums(z, v.scatter(-1, idx, False), compiled=compiled, work=work)
     keys = merge_one(rest, zf, present)
-    return finish(keys, ok, first=zf, rest=rest, target_logit=zt)
+    return finish(keys, ok, first=zf, rest=rest, target_logit=zt, n_max=z.shape[-1])
