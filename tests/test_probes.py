@@ -271,7 +271,8 @@ def _eager(q, k, v, visible, sinks=None):
 @pytest.mark.parametrize("tq, off, chunk", [(37, 0, 8), (30, 5, 7), (16, 0, 16)])
 def test_structured_and_masked_paths_agree_and_fused_output_is_attention(tq, off, chunk):
     """Causal structure by index (key ranges, batched diagonal) and the same structure as a
-    bool mask give the same statistics; the fused output is softmax attention."""
+    bool mask give the same statistics; the fused output is softmax attention; the statistics
+    alone (each chunk's diagonal masked in its own block) agree to rounding."""
     g = torch.Generator().manual_seed(tq)
     q = torch.randn(2, 4, tq, 8, generator=g, dtype=torch.float64) * 3
     k = torch.randn(2, 2, tq + off, 8, generator=g, dtype=torch.float64) * 3
@@ -290,4 +291,4 @@ def test_structured_and_masked_paths_agree_and_fused_output_is_attention(tq, off
     for out in (by_index[0], by_mask[0]):
         torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     plain = attention_head_sums(q, k, mask=MaskSpec(q_offset=off), **kw)
-    torch.testing.assert_close(plain[1], by_index[2], rtol=0, atol=0)
+    torch.testing.assert_close(plain[1], by_index[2], rtol=1e-12, atol=1e-12)

@@ -32,6 +32,7 @@ from .rows import (
     merge_one,
     normalized,
     raw_block_sums,
+    tail_masks,
 )
 from .workspace import Workspace, take
 
@@ -93,7 +94,7 @@ def _index_valid(spec: MaskSpec, i0: int, i1: int, k0: int, k1: int, device) -> 
 @dataclass
 class _Chunk:
     core: Sums  # raw sums over the visible keys but the first that need no mask (B, H, C)
-    edge: Sums  # raw sums over the masked keys but the first (B, H, C)
+    edge: Sums | None  # raw sums over the masked keys but the first (B, H, C); None: no such part
     first: torch.Tensor  # logit of the first visible key (B, H, C)
     present: torch.Tensor  # the row has a visible key (B|1, 1|H, C)
     out: torch.Tensor | None = None  # fused: sum e^(z - out_m) v over the chunk's part (B, H, C, Dv)
@@ -122,6 +123,24 @@ def _structured_chunk(z, value, dtype, compiled: bool, work) -> _Chunk:
         core, out = raw_block_sums(z[..., 1:], weigh=lambda e: _grouped_matmul(e, v), work=work)
         return _Chunk(core, _empty(z), first, present, out, core.m)
     return _Chunk(raw_block_sums(z[..., 1:], compiled=compiled, work=work), _empty(z), first, present)
+
+
+def _causal_chunk(z, spec: MaskSpec, i0: int, i1: int, work, tails: dict) -> _Chunk:
+    """Causal rows, no mask tensor, torch backend, statistics only: z holds key 0 and every key
+    some row of the chunk sees. The keys only some rows see (the chunk's diagonal corner, the
+    last C - 1 at most) are masked within the block (``raw_block_sums``'s ``tail``; ``tails``
+    keeps the masks by shape): no separate pass over the diagonal, whose short rows reduce
+    slowly."""
+    first = z[..., 0].clone()  # no view: the chunk's block must not stay alive
+    present = torch.ones(1, 1, z.shape[2], dtype=torch.bool, device=z.device)
+    hi = z.shape[-1]
+    if hi < 2:
+        return _Chunk(_empty(z), None, first, present)
+    s0 = min(max(1, i0 + spec.q_offset + 1), hi)  # the first key that not every row sees
+    key = (i1 - i0, hi - s0, i0 + spec.q_offset + 1 - s0)  # the mask depends on these alone
+    if key not in tails:
+        tails[key] = tail_masks(_index_valid(spec, i0, i1, s0, hi, z.device), z.dtype)  # (1, 1, C, hi - s0)
+    return _Chunk(raw_block_sums(z[..., 1:], tail=tails[key], work=work), None, first, present)
 
 
 def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compiled, work=None):
@@ -210,11 +229,11 @@ def _cat_sums(parts: list[Sums], shape: tuple[int, ...]) -> Sums:
     return Sums(*(_cat_rows([getattr(p, f) for p in parts], shape) for f in Sums.__dataclass_fields__))
 
 
-def _head_sums(core_raw: Sums, edge_raw: Sums, first, present, ok, sink, names, n_max=None):
+def _head_sums(core_raw: Sums, edge_raw: Sums | None, first, present, ok, sink, names, n_max=None):
     """Per-head sums (H, M) and counts (H, M) of the statistics ``names`` from the rows' raw
-    sums: core and edge parts (B, H, Tq), the first visible key's logit, kept rows ``ok``;
+    sums: core and edge parts (B, H, Tq; edge None: none), the first visible key's logit, kept rows ``ok``;
     ``n_max`` bounds the rows' key counts (``finish``)."""
-    rest = merge(normalized(core_raw), normalized(edge_raw))
+    rest = normalized(core_raw) if edge_raw is None else merge(normalized(core_raw), normalized(edge_raw))
     keys = merge_one(rest, first, present)
     stats = finish(keys, ok, first=first, rest=rest, sink=sink, n_max=n_max)
     b, h, tq = first.shape
@@ -244,14 +263,20 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     off = mask.q_offset
     k = key.to(dtype)
     structured = mask.mask is None and mask.sliding_window is None and tk > 0
-    # Causal rows without a mask tensor: the diagonal blocks of all chunks in one batch
-    # (without a position bias, which would need the blocks' bias slices).
-    diagonal = structured and mask.causal and bias is None
+    # Causal rows without a mask tensor (and no position bias, which would need the blocks'
+    # bias slices): statistics alone mask each chunk's diagonal corner in its own block;
+    # the fused and compiled paths batch the diagonal blocks of all chunks apart.
+    inline = structured and mask.causal and bias is None and value is None and not compiled
+    diagonal = structured and mask.causal and bias is None and not inline
     chunks: list[_Chunk] = []
+    tails: dict = {}  # inline: diagonal masks by shape
     # Longest key ranges first: every later block fits in memory an earlier one freed (the
     # allocator then reuses it instead of growing the heap).
-    for i0 in reversed(range(0, tq, chunk)):
-        i1 = min(tq, i0 + chunk)
+    # Inline, chunk ends sit where a row of keys 1 .. i1 + off - 1 is a whole number of chunks
+    # long: reductions over rows whose length is a multiple of the vector width run several
+    # times faster than over ragged ones.
+    starts = sorted({0, *range((1 - off) % chunk, tq, chunk)}) if inline else list(range(0, tq, chunk))
+    for i0, i1 in reversed(list(zip(starts, starts[1:] + [tq], strict=True))):
         # Keys no row of the chunk can see are never multiplied.
         hi = min(tk, i1 + off) if (mask.mask is None and mask.causal) else tk
         if diagonal:
@@ -263,7 +288,9 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
         z = _chunk_logits(q, k[:, :, lo:hi], scaling, softcap, work)  # (B, H, C, hi - lo)
         if bias is not None:
             z = z + bias[:, :, i0:i1, lo:hi].to(dtype)
-        if diagonal or (structured and not mask.causal):
+        if inline:
+            ch = _causal_chunk(z, mask, i0, i1, work, tails)
+        elif diagonal or (structured and not mask.causal):
             ch = _structured_chunk(z, value, dtype, compiled, work)
         else:
             if mask.mask is None:
@@ -285,8 +312,10 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
             query, key, value, scaling=scaling, softcap=softcap, chunk=chunk, off=off, dtype=dtype,
             compiled=compiled, work=work,
         )
-    else:
+    elif all(c.edge is not None for c in chunks):
         edge_raw = _cat_sums([c.edge for c in chunks], (b, h))
+    else:
+        edge_raw = None
     first = torch.cat([c.first for c in chunks], dim=2).to(torch.float64)  # (B, H, Tq)
     present = _cat_rows([c.present for c in chunks], (b, h))  # (B|1, H|1, Tq)
     ok = torch.ones(1, 1, tq, dtype=torch.bool, device=query.device)  # broadcast over heads

@@ -61,6 +61,24 @@ class Sums:
     d2: torch.Tensor
 
 
+@dataclass(frozen=True)
+class Tail:
+    """Which of a block's last W options each row sees (every row sees the others), with the
+    additive masks ``_fast_sums`` applies: built once per shape, reused by every such block."""
+
+    valid: torch.Tensor  # bool (..., W)
+    seen: torch.Tensor  # (...,) how many of the W each row sees (x's dtype)
+    hide: torch.Tensor  # (..., W) 0 where seen, -1e30 where hidden
+    to_clamp: torch.Tensor  # (..., W) 0 where seen, the exp clamp where hidden
+
+
+def tail_masks(valid: torch.Tensor, dtype: torch.dtype) -> Tail:
+    """``Tail`` of the bool (..., W) ``valid`` for blocks of ``dtype`` (float32 or float64)."""
+    zero = torch.zeros((), dtype=dtype, device=valid.device)
+    return Tail(valid, valid.sum(-1).to(dtype), zero.masked_fill(~valid, -1e30),
+                zero.masked_fill(~valid, _CLAMP[dtype]))
+
+
 def _low(dtype: torch.dtype) -> float:
     """A finite stand-in for masked logits: exp(low - m) is 0 and 0 * low is 0 (no NaN)."""
     return torch.finfo(dtype).min / 4
@@ -153,7 +171,8 @@ def _compiled_sums(x: torch.Tensor, valid: torch.Tensor | None) -> Sums:
 
 
 def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=None, *,
-                   compiled: bool = False, work: Workspace | None = None):
+                   compiled: bool = False, work: Workspace | None = None,
+                   tail: Tail | None = None):
     """``block_sums`` before ``normalized``: in x's dtype, and rows with no valid option (or
     one) hold placeholders. Raw sums of several blocks can be concatenated and normalised at
     once (fewer small operations per block).
@@ -162,9 +181,14 @@ def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=Non
     below e^-69), e.g. their product with the values (the fused attention output); then the
     result is ``(sums, weigh(e))``. ``compiled``: the same sums from ``torch.compile``
     (``_fused_sums``; not with ``weigh``). ``work``: where the block-sized temporaries go
-    (``workspace``); x itself is never written."""
+    (``workspace``); x itself is never written, but with ``tail`` (instead of ``valid``;
+    float32 or float64, N >= 2, no ``weigh``): which of the last W options each row sees,
+    every row seeing the others (``tail_masks``). Then x must be scratch: its hidden entries
+    are overwritten (``_fast_sums``)."""
     rows = x.shape[:-1]
     n_cols = x.shape[-1]
+    if tail is not None:
+        return _fast_sums(x, None, None, work, tail)
     if compiled and weigh is None and n_cols >= 2:
         return _compiled_sums(x, valid)
     if n_cols == 0:  # broadcast zeros: they keep concatenated counts small (``attention``)
@@ -215,7 +239,8 @@ def _hidden_low(x: torch.Tensor, valid: torch.Tensor | None, work: Workspace | N
     return x, valid.sum(-1).to(x.dtype).expand(rows), shape
 
 
-def _fast_sums(x: torch.Tensor, valid: torch.Tensor | None, weigh, work: Workspace | None):
+def _fast_sums(x: torch.Tensor, valid: torch.Tensor | None, weigh, work: Workspace | None,
+               tail: Tail | None = None):
     """``raw_block_sums`` of a float32 or float64 block, N >= 2, in few passes: reductions
     that write nothing, and elementwise ops into block-sized tensors of ``work``.
 
@@ -226,8 +251,15 @@ def _fast_sums(x: torch.Tensor, valid: torch.Tensor | None, weigh, work: Workspa
       makes m the second max, as ``topk`` does).
     * The exponentials come from ``softmax`` of c = max(d, clamp) (one fused pass): p is
       e^c / s, so s = 1 / max p (where c = 0) and a = sum e^c c = s sum p c.
-    * d1 and d2 sum d and d^2 over the valid options only (d2 as a squared norm: one pass)."""
+    * d1 and d2 sum d and d^2 over the valid options only (d2 as a squared norm: one pass).
+    * ``tail`` (the last W options, the rest all visible): the masking touches those W columns
+      only, in place: hidden logits become about -1e30 (no max, no runner-up), their d is
+      zeroed for d1 and d2, then their c set to the clamp (an exp like any far option's)."""
     x, n, shape = _hidden_low(x, valid, work)
+    head = x.shape[-1] - (0 if tail is None else tail.valid.shape[-1])
+    if tail is not None:
+        x[..., head:].add_(tail.hide)  # an add: several times cheaper than a fill on a strided view
+        n = tail.seen + head  # (broadcast rows)
     m = x.amax(-1)
     d = torch.sub(x, m.unsqueeze(-1), out=take(work, "block_d", shape, x))  # (..., N) <= 0
     w = torch.reciprocal(d, out=take(work, "block_w", shape, x))  # +inf at the maxima, < 0 else
@@ -235,9 +267,13 @@ def _fast_sums(x: torch.Tensor, valid: torch.Tensor | None, weigh, work: Workspa
     ties = w.clamp_(min=0.0, max=1.0).sum(-1)  # 1 at each maximum
     m2 = torch.where(ties > 1, m, m + runner)  # all maxima: runner 1/inf = 0, m2 = m as well
     if valid is None:
+        if tail is not None:
+            d[..., head:].mul_(tail.valid)  # hidden: 0
         d1 = d.sum(-1)
         d2 = torch.linalg.vector_norm(d, dim=-1).square_()  # one pass, no d * d block
         c = d.clamp_(min=_CLAMP[x.dtype])  # see raw_block_sums: no slow exp of tiny terms
+        if tail is not None:  # hidden: 0 + the clamp
+            c[..., head:].add_(tail.to_clamp)
         p = torch.ops.aten._softmax.out(c, -1, False, out=w)  # (..., N) e^c / s
     else:  # d is needed once more, with the hidden options at 0
         c = torch.clamp(d, min=_CLAMP[x.dtype], out=w)
