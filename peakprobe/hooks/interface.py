@@ -33,9 +33,8 @@ from ..probes import (
     SiteGroup,
     attention_forward_with_sums,
     attention_head_sums,
-    row_stats,
 )
-from ..probes.rows import block_sums
+from ..probes.rows import Sums, block_sums, finish, target_logit
 from ..probes.workspace import Workspace
 
 _names = itertools.count()
@@ -189,19 +188,21 @@ class Probe:
         # blocks, so both reuse the same workspace buffers instead of growing them).
         b, v = logits.shape[0], logits.shape[-1]
         step = max(1, min(self.config.lm_chunk, LM_BLOCK_ELEMENTS // max(1, b * v)))
-        loss_sum, loss_n = 0.0, 0.0
+        parts: list[Sums] = []  # per block of positions: (B, C) sums over the vocabulary
+        targets = []
         with torch.no_grad():
             for t0 in range(0, ids.shape[1], step):
                 t1 = min(ids.shape[1], t0 + step)
                 z = logits[:, t0:t1].detach().to(dtype)  # (B, C, V)
+                parts.append(block_sums(z, compiled=self._compiled, work=self._work))
                 valid = torch.ones(1, 1, z.shape[-1], dtype=torch.bool, device=z.device)
-                stats = row_stats(
-                    z, valid, mask[:, t0:t1].to(z.device), target=target[:, t0:t1].to(z.device),
-                    compiled=self._compiled, work=self._work,
-                )
-                self.accumulator.add_rows(SiteGroup("lm_head", -1), stats, head_dim=None)
-                loss_sum += (stats.values["loss"] * stats.weight["loss"]).sum().item()
-                loss_n += stats.weight["loss"].sum().item()
+                targets.append(target_logit(z, valid, target[:, t0:t1].to(z.device)))
+            # every position's statistics at once: few large per-row operations, not many small
+            keys = Sums(*(torch.cat([getattr(p, f) for p in parts], 1) for f in Sums.__dataclass_fields__))
+            stats = finish(keys, mask.to(logits.device), target_logit=torch.cat(targets, 1), n_max=v)
+            self.accumulator.add_rows(SiteGroup("lm_head", -1), stats, head_dim=None)
+            loss_sum = (stats.values["loss"] * stats.weight["loss"]).sum().item()
+            loss_n = stats.weight["loss"].sum().item()
         self.last_loss = loss_sum / loss_n if loss_n else float("nan")
 
     # -- public --------------------------------------------------------------------------

@@ -328,7 +328,8 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
         sink = sink.expand(b, h, tq)
     names = attn_metric_names(sinks is not None)
     reduce = _compiled_head_sums if compiled else _head_sums
-    sums, counts, keys = reduce(core_raw, edge_raw, first, present, ok, sink, names, n_max=tk)
+    every = present if not structured else None  # structured: key 0 is in every row
+    sums, counts, keys = reduce(core_raw, edge_raw, first, every, ok, sink, names, n_max=tk)
     out = None
     if value is not None:
         lse = stats_lse(keys, sink)  # (B, H, Tq)

@@ -346,7 +346,15 @@ def merge_one(x: Sums, z: torch.Tensor, present: torch.Tensor | None = None) -> 
     """``merge(x, single(z, present))`` without the single option's zero sums: the same
     values, bit for bit for finite z, in about half the per-row operations."""
     z = z.to(torch.float64)
-    yn = torch.ones((), dtype=z.dtype, device=z.device) if present is None else present.to(torch.float64)
+    if present is None:  # the option is in every row: no presence masks (the same arithmetic)
+        m = torch.maximum(x.m, z)
+        dx = torch.where(x.n > 0, x.m - m, torch.zeros((), dtype=m.dtype, device=m.device))  # <= 0
+        dy = z - m
+        ex, ey = dx.exp(), dy.exp()
+        return Sums(n=x.n + 1, m=m, m2=torch.maximum(torch.minimum(x.m, z), x.m2), s=x.s * ex + ey,
+                    a=ex * (x.a + dx * x.s) + ey * dy, d1=x.d1 + x.n * dx + dy,
+                    d2=x.d2 + 2 * dx * x.d1 + x.n * dx * dx + dy * dy)
+    yn = present.to(torch.float64)
     ym = torch.where(yn > 0, z, torch.full((), float("-inf"), dtype=z.dtype, device=z.device))
     m = torch.maximum(x.m, ym)
     n = x.n + yn
@@ -465,15 +473,26 @@ def finish(
     if sink is not None:
         values[vocab.SINK_PROB] = (sink.to(f64).expand_as(lse) - lse).exp()
         weight[vocab.SINK_PROB] = okf
-    # Zero out undefined entries so that NaN/inf never leak into sums.
+    # Zero out undefined entries so that NaN/inf never leak into sums (on CPU, not where a
+    # weight keeps every row: the check is cheaper than the where).
     zero = torch.zeros((), dtype=f64, device=okf.device)
-    keep: dict[int, torch.Tensor] = {}  # one bool mask per distinct weight tensor
+    keep: dict[int, torch.Tensor | None] = {}  # one bool mask per distinct weight tensor
     for name, v in values.items():
         w = weight[name]
         if id(w) not in keep:
-            keep[id(w)] = w > 0
-        values[name] = torch.where(keep[id(w)], v, zero)
+            k = w > 0
+            keep[id(w)] = None if k.device.type == "cpu" and bool(k.all()) else k
+        if keep[id(w)] is not None:
+            values[name] = torch.where(keep[id(w)], v, zero)
     return RowStats(values=values, weight=weight)
+
+
+def target_logit(z: torch.Tensor, valid: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """float64 logit of each row's target option (``row_stats``' target), NaN where none."""
+    t = target.clamp(min=0).unsqueeze(-1)
+    zt = z.gather(-1, t).squeeze(-1).to(torch.float64)
+    tv = valid.expand_as(z).gather(-1, t).squeeze(-1)
+    return torch.where((target >= 0) & tv, zt, torch.full_like(zt, float("nan")))
 
 
 def row_stats(
@@ -506,12 +525,7 @@ def row_stats(
     ok = torch.ones(rows, dtype=torch.bool, device=z.device)
     if row_valid is not None:
         ok = ok & row_valid.expand(rows)
-    zt = None
-    if target is not None:
-        t = target.clamp(min=0).unsqueeze(-1)
-        zt = z.gather(-1, t).squeeze(-1).to(torch.float64)
-        tv = valid.expand_as(z).gather(-1, t).squeeze(-1)
-        zt = torch.where((target >= 0) & tv, zt, torch.full_like(zt, float("nan")))
+    zt = None if target is None else target_logit(z, valid, target)
     if not first_key:
         keys = block_sums(z, None if all_valid else valid, compiled=compiled, work=work)
         return finish(keys, ok, target_logit=zt, n_max=z.shape[-1])
