@@ -22,7 +22,8 @@ from peakprobe.probes import (
 )
 from peakprobe.probes._entropy_curve import B_GRID
 from peakprobe.probes.gaussian_entropy import counts
-from peakprobe.probes.rows import block_sums, finish, merge, merge_one, single, top2
+from peakprobe.probes.rows import block_sums, finish, top2
+from peakprobe.probes.sums import merge, merge_one, single
 from peakprobe.probes.workspace import Workspace
 
 

@@ -34,7 +34,8 @@ from ..probes import (
     attention_forward_with_sums,
     attention_head_sums,
 )
-from ..probes.rows import Sums, block_sums, finish, target_logit
+from ..probes.rows import block_sums, finish, target_logit
+from ..probes.sums import Sums
 from ..probes.workspace import Workspace
 
 _names = itertools.count()

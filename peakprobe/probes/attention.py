@@ -6,11 +6,13 @@ softcapping, an additive position bias, grouped-query heads, the additive or boo
 causal / sliding-window structure when no mask is materialised, a learned sink logit) one chunk
 of query rows at a time, so nothing of size T x T per head ever exists beyond one chunk.
 
-Each chunk's logits are reduced once to per-row ``rows.Sums``. With causal structure and no mask
-tensor the key range is split, so no masking work touches most of the block: key 0 (the first
-visible key, kept apart for the ``_xsink`` statistics), the keys every row of the chunk sees
-(no mask at all) and the chunk's diagonal block (masked, chunk x chunk). Other masks take one
-masked fill. The per-row sums of all chunks are merged and turned into statistics once per call.
+Each chunk's logits are reduced once to per-row ``sums.Sums``. With causal structure and no mask
+tensor, key 0 (the first visible key) is kept apart for the ``_xsink`` statistics and no
+masking work touches most of the block: the statistics mask only each chunk's diagonal corner,
+in place (``_causal_chunk``); the fused and compiled paths reduce the keys every row of the
+chunk sees unmasked and the diagonal blocks of all chunks in one batch (``_diagonal``). Other
+masks take one masked fill. The per-row sums of all chunks are merged and turned into
+statistics once per call.
 
 ``attention_forward_with_sums`` (the opt-in fused path) also returns the attention output,
 computed from the same exponentials, so QK^T is done once.
@@ -23,17 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from .gaussian_entropy import load_tables
-from .rows import (
-    Sums,
-    attn_metric_names,
-    compiled_call,
-    finish,
-    merge,
-    merge_one,
-    normalized,
-    raw_block_sums,
-    tail_masks,
-)
+from .rows import attn_metric_names, compiled_call, finish, raw_block_sums, tail_masks
+from .sums import Sums, merge, merge_one, normalized
 from .workspace import Workspace, take
 
 

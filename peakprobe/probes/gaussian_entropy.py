@@ -341,6 +341,7 @@ def beta_eff(entropy: torch.Tensor, n: torch.Tensor | Counts) -> torch.Tensor:
     b = torch.where(h >= 1.0, torch.zeros_like(b), b)
     return b * vocab.peaked_threshold(n)
 
+
 def _beta_eff_tabled(entropy: torch.Tensor, c: Counts) -> torch.Tensor:
     """``beta_eff`` from per-n tables: the same knot and the same arithmetic (each row's curve
     was interpolated once per n, by the same formula). The search is branch-free: from the
