@@ -1,11 +1,12 @@
 """The probes on their own: closed forms for single rows, exact merging of accumulators, the
 entropy-equivalent beta_eff (authors' anchor, a fresh Monte Carlo), sink-excluded and
-learned-sink statistics."""
+learned-sink statistics, and the causal path with a query offset against float64 rows."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -293,3 +294,37 @@ def test_structured_and_masked_paths_agree_and_fused_output_is_attention(tq, off
         torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     plain = attention_head_sums(q, k, mask=MaskSpec(q_offset=off), **kw)
     torch.testing.assert_close(plain[1], by_index[2], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tq, off, tk, chunk", [
+    (30, 5, 35, 7),  # ragged chunks: the inline corner starts mid-chunk
+    (32, 3, 35, 8),  # chunk ends aligned to the offset
+    (24, 9, 33, 32),  # one chunk holds every row
+    (20, 6, 23, 4),  # fewer keys than queries + offset: the last rows' corner is cut short
+])
+def test_causal_statistics_with_a_query_offset_match_a_float64_reference(tq, off, tk, chunk):
+    """The default causal path with queries starting ``off`` positions into the keys (a KV
+    cache): every statistic's per-head mean against each row written out in numpy float64
+    (row q sees keys 0..min(q + off, tk - 1))."""
+    from test_hooks_exact import _row_stats
+
+    g = torch.Generator().manual_seed(tq * 100 + tk)
+    q = torch.randn(2, 2, tq, 8, generator=g, dtype=torch.float64) * 2
+    k = torch.randn(2, 1, tk, 8, generator=g, dtype=torch.float64) * 2
+    names, sums, cnt = attention_head_sums(q, k, scaling=0.4, mask=MaskSpec(q_offset=off), chunk=chunk,
+                                           dtype=torch.float64)
+    z = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.4).numpy()  # (B, H, Tq, Tk)
+    checked = set()
+    for h in range(2):
+        rows: dict[str, list[float]] = {}
+        for b in range(2):
+            for i in range(tq):
+                for name, value in _row_stats(z[b, h, i, : min(i + off, tk - 1) + 1], True).items():
+                    rows.setdefault(name, []).append(value)
+        for name, values in rows.items():
+            j = names.index(name)
+            assert cnt[h, j] == len(values), name
+            torch.testing.assert_close(float(sums[h, j] / cnt[h, j]), float(np.mean(values)),
+                                       rtol=1e-9, atol=1e-9, msg=name)
+            checked.add(name)
+    assert len(checked) >= 15, sorted(checked)
