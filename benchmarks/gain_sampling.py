@@ -35,31 +35,35 @@ from peakprobe.hooks.attribution import tempered
 GRID = np.unique(np.round(np.concatenate([np.linspace(-0.3, 0.3, 61), np.linspace(-1.5, 1.5, 31)]), 6))
 
 
-def _window_losses(model, ids: torch.Tensor, mask: torch.Tensor, scale: float = 1.0,
-                   batch: int = 16) -> np.ndarray:
-    """Summed next-token cross-entropy per window (float64), LM logits times ``scale``."""
-    out = []
-    for i in range(0, ids.shape[0], batch):
-        b_ids, b_mask = ids[i:i + batch], mask[i:i + batch]
-        z = model(input_ids=b_ids, attention_mask=b_mask, use_cache=False).logits[:, :-1]
-        z = z.to(torch.float64) * scale  # (b, T-1, V)
-        ok = (b_mask[:, 1:] * b_mask[:, :-1]).bool()  # (b, T-1)
-        logp = torch.log_softmax(z, -1).gather(-1, b_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        out.append(((-logp) * ok).sum(1).numpy())
-    return np.concatenate(out)
+def _ce(z: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, scale: float = 1.0) -> np.ndarray:
+    """Summed next-token cross-entropy per window of logits scale * z (b, T, V), in float64."""
+    z = z[:, :-1].to(torch.float64) * scale  # (b, T-1, V)
+    ok = (mask[:, 1:] * mask[:, :-1]).bool()  # (b, T-1)
+    logp = torch.log_softmax(z, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return ((-logp) * ok).sum(1).numpy()
+
+
+def _logits(model, ids: torch.Tensor, mask: torch.Tensor, batch: int = 16) -> list[torch.Tensor]:
+    return [model(input_ids=ids[i:i + batch], attention_mask=mask[i:i + batch], use_cache=False).logits
+            for i in range(0, ids.shape[0], batch)]
 
 
 @torch.no_grad()
-def loss_grid(model, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, np.ndarray]:
+def loss_grid(model, ids: torch.Tensor, mask: torch.Tensor, batch: int = 16) -> dict[str, np.ndarray]:
     """Per site, the summed loss of every window at every grid point: (len(GRID), windows)."""
-    lm = np.stack([_window_losses(model, ids, mask, float(np.exp(x))) for x in GRID])
+    parts = [(ids[i:i + batch], mask[i:i + batch]) for i in range(0, ids.shape[0], batch)]
+
+    def losses(logits: list[torch.Tensor], scale: float = 1.0) -> np.ndarray:
+        return np.concatenate([_ce(z, i, m, scale) for z, (i, m) in zip(logits, parts, strict=True)])
+
+    base = _logits(model, ids, mask, batch)  # the LM head's beta scales these: no re-forward
+    lm = np.stack([losses(base, float(np.exp(x))) for x in GRID])
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     attn = []
     with tempered(model) as state:
         for x in GRID:
             state.betas = {i: torch.full((heads,), float(np.exp(x))) for i in range(layers)}
-            attn.append(_window_losses(model, ids, mask))
-        state.betas = {}
+            attn.append(losses(_logits(model, ids, mask, batch)))
     return {"lm_head": lm, "attn_all": np.stack(attn)}
 
 
@@ -81,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no checkpoint at {args.model} (run `peakprobe demo` first, or pass --model)",
               file=sys.stderr)
         return 2
-    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     tokenizer = corpus.build_tokenizer(model_max_length=max(2048, args.window))
     data = load_eval_data("embedded", tokenizer, n_windows=args.windows, window=args.window)
