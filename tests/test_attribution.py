@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from conftest import left_padded_batch, tiny_model
@@ -316,6 +317,44 @@ def test_attribution_leaves_the_model_as_it_was():
         attribute(model, [(ids[:, :1], mask[:, :1])])
     assert model.config._attn_implementation == original
     assert not [k for k in AttentionInterface._global_mapping if k.startswith("peakprobe")]
+
+
+def test_the_three_cache_paths_give_the_same_attribution(monkeypatch):
+    """The beta = 1 cache from the slopes' forward (the default), from a no-grad pass (when the
+    first check fails) and no cache at all (full forwards, when both fail): identical frames."""
+    from peakprobe.hooks import attribution as attr
+
+    model = tiny_model("llama_gqa")
+    ids, mask = left_padded_batch()
+    used = {}
+    no_grad_base = attr._Runner._no_grad_base
+    rows = attr._attribution_rows
+
+    def spy_base(self):
+        used["no_grad_base"] = used.get("no_grad_base", 0) + 1
+        no_grad_base(self)
+
+    def spy_rows(run, *a, **k):
+        used["cached"] = run.layers is not None
+        return rows(run, *a, **k)
+
+    monkeypatch.setattr(attr._Runner, "_no_grad_base", spy_base)
+    monkeypatch.setattr(attr, "_attribution_rows", spy_rows)
+    frames = {}
+    for path, fails in (("slopes' forward", 0), ("no-grad pass", 1), ("full forwards", 2)):
+        used.clear()
+        checks = iter([False] * fails + [True] * 2)
+        reproduces = attr._Runner._cache_reproduces
+        monkeypatch.setattr(attr._Runner, "_cache_reproduces",
+                            lambda self, checks=checks, f=reproduces: f(self) and next(checks))
+        frames[path] = attribute(model, [(ids[:2], mask[:2]), (ids[2:], mask[2:])])
+        monkeypatch.setattr(attr._Runner, "_cache_reproduces", reproduces)
+        assert used.get("no_grad_base", 0) == min(fails, 1), path
+        assert used["cached"] == (fails < 2), path
+    base = frames["slopes' forward"]
+    assert (base.metric == vocab.GAIN).any() and base["value"].notna().all()
+    for path, frame in frames.items():
+        pd.testing.assert_frame_equal(frame, base, check_exact=True, obj=path)
 
 
 def test_softcapped_logits_get_beta_after_the_softcap():

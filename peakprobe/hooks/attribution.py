@@ -20,8 +20,10 @@ fixed, L(x) is the mean next-token cross-entropy over the attribution windows. P
 Cost: evaluations for a beta on layer l re-run only layers l.. on top of the outputs of the
 layers below, cached once per batch (the decoder layers are found as the ``ModuleList`` whose
 i-th block holds the attention module of layer i; a block below l answers with its cached
-output). When no such list exists, or a check at beta = 1 does not reproduce the loss exactly,
-every evaluation is a full forward. Everything reaches the softmaxes through one function
+output). The cache and the beta = 1 logits come from the slopes' own forward (log beta = 0,
+so beta = 1 exactly), checked to reproduce its loss bit for bit; failing that, from a no-grad
+pass, checked the same way. When no such list exists or both checks fail, every evaluation
+is a full forward. Everything reaches the softmaxes through one function
 registered with transformers' ``AttentionInterface`` (with the original mask function), and
 ``tempered`` restores the model on exit.
 """
@@ -125,6 +127,15 @@ def decoder_layers(model: torch.nn.Module, attention: dict[int, torch.nn.Module]
     return None
 
 
+def _outer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks of every ModuleList not nested in another's block (the decoder layers are
+    among them; a mixture of experts' list inside a layer is not)."""
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)]
+    outer = [m for name, m in lists
+             if not any(name.startswith(other + ".") for other, _ in lists if other != name)]
+    return [block for m in outer for block in m]
+
+
 @contextmanager
 def _cached_below(layers: Sequence[torch.nn.Module], outputs: Sequence, stop: int) -> Iterator[None]:
     """Blocks below ``stop`` answer with their cached outputs instead of computing them."""
@@ -140,6 +151,27 @@ def _cached_below(layers: Sequence[torch.nn.Module], outputs: Sequence, stop: in
                 del block.forward
             else:
                 block.forward = previous
+
+
+def _detached(out):
+    if isinstance(out, torch.Tensor):
+        return out.detach()
+    if type(out) in (tuple, list):
+        return type(out)(_detached(o) for o in out)
+    return out
+
+
+@contextmanager
+def _recording(blocks: Sequence[torch.nn.Module]) -> Iterator[dict[int, object]]:
+    """Record each block's (detached) output, keyed by id(block), while inside."""
+    outs: dict[int, object] = {}
+    handles = [b.register_forward_hook(lambda m, _a, out: outs.__setitem__(id(m), _detached(out)))
+               for b in blocks]
+    try:
+        yield outs
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _targets(ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -196,22 +228,30 @@ class _Runner:
         self.layers: list | None = None
         self.outputs: list[list] = []  # per batch, per layer: the block's output at beta = 1
         self.logits: list[torch.Tensor] = []  # per batch (B, T, V) at beta = 1
+        self._block_outputs: list[dict[int, object]] = []  # per batch: id(block) -> output
         self.loss0 = float("nan")
 
     def _forward(self, ids, mask):
         return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
 
     def gradients(self) -> dict[int, torch.Tensor]:
-        """d L / d log beta per layer, (H,) float64, by one backward pass per batch."""
+        """d L / d log beta per layer, (H,) float64, by one backward pass per batch.
+
+        Its forward runs at beta = 1 (log beta = 0 exactly), so it also records what ``base``
+        needs: the logits, the loss and every candidate block's output (detached)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             p.requires_grad_(False)
+        blocks = _outer_blocks(self.model)
         total: dict[int, torch.Tensor] = {}
+        loss_sum = 0.0
         try:
             with torch.enable_grad():
                 for (ids, mask), tgt in zip(self.batches, self.targets, strict=True):
                     self.state.log_betas = {}
-                    loss = _ce_sum(self._forward(ids, mask), tgt)
+                    with _recording(blocks) as outs:
+                        logits = self._forward(ids, mask)
+                    loss = _ce_sum(logits, tgt)
                     layers = sorted(self.state.log_betas)
                     grads = torch.autograd.grad(
                         loss, [self.state.log_betas[i] for i in layers], allow_unused=True
@@ -221,36 +261,44 @@ class _Runner:
                         g = torch.zeros_like(lb) if g is None else g
                         g = g.detach().to(torch.float64).cpu()
                         total[i] = total[i] + g if i in total else g
+                    self.logits.append(logits.detach())
+                    self._block_outputs.append(outs)
+                    loss_sum += loss.item()
         finally:
             self.state.log_betas = None
             for p in params:
                 p.requires_grad_(True)
+        self.loss0 = loss_sum / self.n_tokens
         return {i: g / self.n_tokens for i, g in total.items()}
 
-    @torch.no_grad()
     def base(self) -> None:
-        """The beta = 1 pass: cache the logits and (when found) every decoder block's output."""
+        """The beta = 1 cache: the gradient pass's logits and decoder block outputs, checked to
+        reproduce the loss exactly; failing that, a no-grad pass, checked the same way; failing
+        that too, every evaluation is a full forward."""
         self.layers = decoder_layers(self.model, self.state.attention_modules)
+        if self.logits and self.layers is not None:
+            self.outputs = [[outs.get(id(b)) for b in self.layers] for outs in self._block_outputs]
+            if self._cache_reproduces():
+                return
+        self._no_grad_base()
+
+    def _cache_reproduces(self) -> bool:
+        top = len(self.layers) - 1
+        return not any(o is None for outs in self.outputs for o in outs) and self.loss({}, top) == self.loss0
+
+    @torch.no_grad()
+    def _no_grad_base(self) -> None:
+        self.logits, self.outputs = [], []
         total = 0.0
-        for ids, mask in self.batches:
-            outs: dict[int, object] = {}
-            handles = []
-            for i, block in enumerate(self.layers or []):
-                handles.append(block.register_forward_hook(
-                    lambda _m, _a, out, i=i, outs=outs: outs.__setitem__(i, out)))
-            try:
+        for (ids, mask), tgt in zip(self.batches, self.targets, strict=True):
+            with _recording(self.layers or []) as outs:
                 logits = self._forward(ids, mask)
-            finally:
-                for handle in handles:
-                    handle.remove()
             self.logits.append(logits)
-            self.outputs.append([outs.get(i) for i in range(len(self.layers or []))])
-            total += _ce_sum(logits, self.targets[len(self.logits) - 1]).item()
+            self.outputs.append([outs.get(id(b)) for b in self.layers or []])
+            total += _ce_sum(logits, tgt).item()
         self.loss0 = total / self.n_tokens
-        if self.layers is not None:  # the cache must reproduce the beta = 1 loss exactly
-            top = len(self.layers) - 1
-            if any(o is None for outs in self.outputs for o in outs) or self.loss({}, top) != self.loss0:
-                self.layers, self.outputs = None, []
+        if self.layers is not None and not self._cache_reproduces():
+            self.layers, self.outputs = None, []
 
     @torch.no_grad()
     def loss(self, betas: dict[int, torch.Tensor], start: int = 0) -> float:
