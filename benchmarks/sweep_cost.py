@@ -2,13 +2,17 @@
 with the default attribution against the same sweep forward-only, measured in one run.
 
 Model: the CPU benchmark shape of benchmarks/throughput.py, a random-init 6-layer, 256-wide,
-8-head GPT-NeoX (vocab 1024), float32, batch 8 x 512 tokens, 64 evaluation windows. Prints the
-seconds of each variant (best of --repeats) and their ratio to the forward-only sweep: the
-default attribution (single heads screened: ``--head-gains screen``), the attribution without
-single heads, and, as the cost where every head's gain matters, every head searched
-(``--head-gains search``).
+8-head GPT-NeoX (vocab 1024), float32, batch 8 x 512 tokens, 64 evaluation windows. Variants:
+the forward-only sweep (the baseline), the default attribution (single heads screened:
+``--head-gains screen``), the attribution without single heads, and, as the cost where every
+head's gain matters, every head searched (``--head-gains search``).
 
-    python benchmarks/sweep_cost.py [--repeats 2] [--windows 64] [--attribution-windows 4]
+The variants run interleaved, one of each per round, so that each round's ratios compare runs
+taken moments apart: the machine's speed drifts by tens of percent over minutes, and a baseline
+timed before the variants would carry that drift into the ratio. Prints each variant's median
+seconds and its ratio to the same round's baseline (median, and the range over rounds).
+
+    python benchmarks/sweep_cost.py [--rounds 3] [--windows 64] [--attribution-windows 4]
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
@@ -24,18 +29,15 @@ from peakprobe.hooks import ProbeConfig
 from peakprobe.sweep import SweepConfig, probe_model
 
 
-def _best_time(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--windows", type=int, default=64)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
@@ -57,20 +59,23 @@ def main(argv: list[str] | None = None) -> int:
                          attribution_heads="off")
     every = ProbeConfig(backend="torch", attribution_windows=args.attribution_windows,
                         attribution_heads="search")
-    run(plain)()  # warm-up
-    rows = [
-        ("forward-only sweep (baseline)", _best_time(run(plain), args.repeats)),
-        ("sweep + default attribution", _best_time(run(full), args.repeats)),
-        ("sweep + attribution without head gains", _best_time(run(groups), args.repeats)),
-        ("sweep + attribution, every head searched", _best_time(run(every), args.repeats)),
+    variants = [
+        ("forward-only sweep (baseline)", run(plain)),
+        ("sweep + default attribution", run(full)),
+        ("sweep + attribution without head gains", run(groups)),
+        ("sweep + attribution, every head searched", run(every)),
     ]
-    base = rows[0][1]
+    run(plain)()  # warm-up
+    times = np.array([[_seconds(fn) for _, fn in variants] for _ in range(args.rounds)])  # (rounds, variants)
+    ratios = times / times[:, :1]
     print(f"GPT-NeoX 6 x 256, 8 heads, vocab 1024, float32, {args.windows} windows x {args.length} "
           f"tokens, batch {args.batch}, attribution on {args.attribution_windows} windows, "
-          f"{torch.get_num_threads()} threads, best of {args.repeats}")
-    print(f"{'variant':<42}{'seconds':>10}{'x baseline':>12}")
-    for name, seconds in rows:
-        print(f"{name:<42}{seconds:>10.1f}{seconds / base:>12.2f}")
+          f"{torch.get_num_threads()} threads, {args.rounds} interleaved rounds")
+    print(f"{'variant':<42}{'seconds':>9}{'x baseline':>12}{'range':>14}")
+    for j, (name, _) in enumerate(variants):
+        lo, hi = ratios[:, j].min(), ratios[:, j].max()
+        print(f"{name:<42}{np.median(times[:, j]):>9.1f}{np.median(ratios[:, j]):>12.2f}"
+              f"{f'{lo:.2f}-{hi:.2f}':>14}")
     return 0
 
 
