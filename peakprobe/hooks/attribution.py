@@ -276,18 +276,21 @@ class _Runner:
         reproduce the loss exactly; failing that, a no-grad pass, checked the same way; failing
         that too, every evaluation is a full forward."""
         self.layers = decoder_layers(self.model, self.state.attention_modules)
+        recorded, self._block_outputs = self._block_outputs, []  # other lists' outputs go
         if self.logits and self.layers is not None:
-            self.outputs = [[outs.get(id(b)) for b in self.layers] for outs in self._block_outputs]
+            self.outputs = [[outs.get(id(b)) for b in self.layers] for outs in recorded]
             if self._cache_reproduces():
                 return
         self._no_grad_base()
 
     def _cache_reproduces(self) -> bool:
+        """Every block's output is there, and the top layer re-run on them gives loss0 exactly."""
         top = len(self.layers) - 1
         return not any(o is None for outs in self.outputs for o in outs) and self.loss({}, top) == self.loss0
 
     @torch.no_grad()
     def _no_grad_base(self) -> None:
+        """Fill the cache and logits by a no-grad forward (the decoder blocks only), and check it."""
         self.logits, self.outputs = [], []
         total = 0.0
         for (ids, mask), tgt in zip(self.batches, self.targets, strict=True):
