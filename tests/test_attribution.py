@@ -529,3 +529,70 @@ def test_screened_search_on_closed_forms():
             assert r.gain == pytest.approx(rise(0.0) - grid, rel=0.02)
         else:  # one more evaluation, nothing behind the rise: below the floor
             assert r.estimated and len(calls) == 2 and 0 <= r.gain < 1.5e-3
+
+
+def _gpt_oss_model():
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    torch.manual_seed(0)
+    cfg = GptOssConfig(vocab_size=97, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=1,
+                       num_experts_per_tok=1, sliding_window=5, max_position_embeddings=128,
+                       layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
+                       bos_token_id=1, eos_token_id=2)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0, 2.0)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["gpt_neox", "llama_gqa", "gemma2_softcap", "gpt_oss", "llama_gqa eager"])
+def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
+    """A single head's evaluation recomputes only that head's attention at its layer (the other
+    heads' beta = 1 outputs reused): the frame is identical to recomputing every head, with GQA,
+    softcapping, learned sinks, left padding and the eager path. Where the one-head calls do not
+    reproduce the beta = 1 output (a wrong key/value head, planted), the check turns them off
+    and the frame is still identical."""
+    from peakprobe.hooks import attribution as attr
+    from peakprobe.hooks import beta as beta_module
+
+    name, _, attn = arch.partition(" ")
+    # float32 on the eager paths: HF's eager softmax runs in float32, so a float64 model's fully
+    # masked (left-padded) rows become NaN, and its beta = 1 output is not the exact tempered one
+    eager = attn == "eager" or name == "gemma2_softcap"
+    dtype = torch.float32 if eager else torch.float64
+    model = _gpt_oss_model() if name == "gpt_oss" else tiny_model(name, attn=attn or None, dtype=dtype)
+    ids, mask = left_padded_batch(pads=(0, 0, 0) if name == "gpt_oss" else (0, 4, 7))
+    batches = [(ids[:2], mask[:2]), (ids[2:], mask[2:])]
+    counts = []
+    loss = attr._Runner.loss
+
+    def counting(self, betas, start=0):
+        out = loss(self, betas, start)
+        counts.append((self.state.spliced, dict(enumerate(self._checked))))
+        return out
+
+    monkeypatch.setattr(attr._Runner, "loss", counting)
+    spliced = attribute(model, batches, heads="search")
+    n_spliced, checked = counts[-1]
+    assert n_spliced > 0 and all(all(c.values()) for c in checked.values()), checked
+
+    monkeypatch.setattr(attr.Tempered, "_one_head_only", lambda self, *a: None)
+    whole = attribute(model, batches, heads="search")
+    pd.testing.assert_frame_equal(spliced, whole, check_exact=True)
+    monkeypatch.undo()
+    monkeypatch.setattr(attr._Runner, "loss", counting)
+
+    one_head = beta_module.one_head
+
+    def wrong_kv(delegate, module, query, key, value, mask, head, beta, **kw):
+        return one_head(delegate, module, query, key.roll(1, dims=1), value.roll(1, dims=1), mask,
+                        head, beta, **kw)
+
+    monkeypatch.setattr(attr, "one_head", wrong_kv)
+    counts.clear()
+    refused = attribute(model, batches, heads="search")
+    n_spliced, checked = counts[-1]
+    assert n_spliced == 0 and not any(any(c.values()) for c in checked.values()), checked
+    pd.testing.assert_frame_equal(refused, whole, check_exact=True)

@@ -23,7 +23,10 @@ i-th block holds the attention module of layer i; a block below l answers with i
 output). The cache and the beta = 1 logits come from the slopes' own forward (log beta = 0,
 so beta = 1 exactly), checked to reproduce its loss bit for bit; failing that, from a no-grad
 pass, checked the same way. When no such list exists or both checks fail, every evaluation
-is a full forward. Everything reaches the softmaxes through one function
+is a full forward. With the cache, a single head's evaluation also reuses the other heads' beta = 1
+outputs of its layer (recorded by the same pass) and recomputes that head's attention alone,
+where one-head calls reproduce the recorded output bit for bit (checked once a layer, every
+head; otherwise that layer computes every head). Everything reaches the softmaxes through one function
 registered with transformers' ``AttentionInterface`` (with the original mask function), and
 ``tempered`` restores the model on exit.
 """
@@ -43,7 +46,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import vocab
-from .beta import attention_with_beta
+from .beta import attention_with_beta, one_head, real_module
 from .search import SearchResult, minimize_log_beta, quadratic_estimate, screened_search
 
 _names = itertools.count()
@@ -64,6 +67,10 @@ class Tempered:
         self.attention_modules: dict[int, torch.nn.Module] = {}
         self.n_heads: dict[int, int] = {}
         self._ids: dict[int, int] = {}
+        self.record: dict[int, torch.Tensor] | None = None  # set: each layer's output lands here
+        self.cached: dict[int, torch.Tensor] = {}  # layer -> its (B, T, H, D) output at beta = 1
+        self.checked: dict[int, bool] = {}  # layer -> one-head calls reproduce ``cached``
+        self.spliced = 0  # single-head calls answered from ``cached`` (counted for the tests)
 
     def _layer(self, module) -> int:
         idx = getattr(module, "layer_idx", None)
@@ -74,10 +81,39 @@ class Tempered:
     def _original(self, module, query, key, value, attention_mask, **kwargs):
         if self._delegate is not None:
             return self._delegate(module, query, key, value, attention_mask, **kwargs)
-        eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        owner = type(real_module(module))
+        eager = getattr(sys.modules[owner.__module__], "eager_attention_forward", None)
         if eager is None:
-            raise ValueError(f"{type(module).__name__} has no eager_attention_forward to delegate to")
+            raise ValueError(f"{owner.__name__} has no eager_attention_forward to delegate to")
         return eager(module, query, key, value, attention_mask, **kwargs)
+
+    def _one_head_only(self, layer, module, query, key, value, attention_mask, beta, kwargs):
+        """Where only one head's beta differs from 1: the beta = 1 output of this layer with that
+        head's output computed again (B, T, H, D), or None (no cache, or the one-head calls do
+        not reproduce it bit for bit at beta = 1; checked once a layer, for every head)."""
+        cached = self.cached.get(layer)
+        if cached is None:
+            return None
+        changed = torch.nonzero(beta != 1)
+        if changed.numel() != 1:
+            return None
+        b, n, t = query.shape[:3]
+        if cached.shape[:3] != (b, t, n):
+            return None
+        if layer not in self.checked:
+            ones = torch.ones(1, dtype=beta.dtype, device=beta.device)
+            outs = [one_head(self._original, module, query, key, value, attention_mask, h, ones, **kwargs)
+                    for h in range(n)]
+            self.checked[layer] = all(o is not None and torch.equal(o, cached[:, :, h : h + 1])
+                                      for h, o in enumerate(outs))
+        if not self.checked[layer]:
+            return None
+        head = int(changed)
+        one = one_head(self._original, module, query, key, value, attention_mask, head, beta[head], **kwargs)
+        out = cached.clone()
+        out[:, :, head : head + 1] = one
+        self.spliced += 1
+        return out
 
     def attention(self, module, query, key, value, attention_mask, **kwargs):
         layer = self._layer(module)
@@ -90,9 +126,16 @@ class Tempered:
         else:
             beta = self.betas.get(layer)
         if beta is None:
-            return self._original(module, query, key, value, attention_mask, **kwargs)
-        return attention_with_beta(self._original, module, query, key, value, attention_mask,
-                                   beta.to(query.device), **kwargs)
+            out = self._original(module, query, key, value, attention_mask, **kwargs)
+        elif (spliced := self._one_head_only(layer, module, query, key, value, attention_mask,
+                                             beta.to(query.device), kwargs)) is not None:
+            return spliced, None
+        else:
+            out = attention_with_beta(self._original, module, query, key, value, attention_mask,
+                                      beta.to(query.device), **kwargs)
+        if self.record is not None:
+            self.record[layer] = out[0].detach()
+        return out
 
 
 @contextmanager
@@ -229,6 +272,8 @@ class _Runner:
         self.outputs: list[list] = []  # per batch, per layer: the block's output at beta = 1
         self.logits: list[torch.Tensor] = []  # per batch (B, T, V) at beta = 1
         self._block_outputs: list[dict[int, object]] = []  # per batch: id(block) -> output
+        self.attn_outputs: list[dict[int, torch.Tensor]] = []  # per batch: layer -> (B, T, H, D)
+        self._checked: list[dict[int, bool]] = []  # per batch: the one-head calls' check
         self.loss0 = float("nan")
 
     def _forward(self, ids, mask):
@@ -248,9 +293,11 @@ class _Runner:
         try:
             with torch.enable_grad():
                 for (ids, mask), tgt in zip(self.batches, self.targets, strict=True):
-                    self.state.log_betas = {}
+                    self.state.log_betas, self.state.record = {}, {}
                     with _recording(blocks) as outs:
                         logits = self._forward(ids, mask)
+                    self.attn_outputs.append(self.state.record)
+                    self.state.record = None
                     loss = _ce_sum(logits, tgt)
                     layers = sorted(self.state.log_betas)
                     grads = torch.autograd.grad(
@@ -265,7 +312,7 @@ class _Runner:
                     self._block_outputs.append(outs)
                     loss_sum += loss.item()
         finally:
-            self.state.log_betas = None
+            self.state.log_betas = self.state.record = None
             for p in params:
                 p.requires_grad_(True)
         self.loss0 = loss_sum / self.n_tokens
@@ -291,11 +338,14 @@ class _Runner:
     @torch.no_grad()
     def _no_grad_base(self) -> None:
         """Fill the cache and logits by a no-grad forward (the decoder blocks only), and check it."""
-        self.logits, self.outputs = [], []
+        self.logits, self.outputs, self.attn_outputs = [], [], []
         total = 0.0
         for (ids, mask), tgt in zip(self.batches, self.targets, strict=True):
+            self.state.record = {} if self.layers is not None else None
             with _recording(self.layers or []) as outs:
                 logits = self._forward(ids, mask)
+            self.attn_outputs.append(self.state.record or {})
+            self.state.record = None
             self.logits.append(logits)
             self.outputs.append([outs.get(id(b)) for b in self.layers or []])
             total += _ce_sum(logits, tgt).item()
@@ -305,11 +355,18 @@ class _Runner:
 
     @torch.no_grad()
     def loss(self, betas: dict[int, torch.Tensor], start: int = 0) -> float:
-        """Mean next-token loss with ``betas`` (layer -> (H,)), re-running layers ``start``.. only."""
+        """Mean next-token loss with ``betas`` (layer -> (H,)), re-running layers ``start``.. only.
+        With one layer's beta and the beta = 1 cache, a beta that differs from 1 in one head
+        only recomputes that head's attention at its layer (``Tempered._one_head_only``)."""
         self.state.betas = betas
+        splice = self.layers is not None and len(betas) == 1
+        while splice and len(self._checked) < len(self.batches):
+            self._checked.append({})
         total = 0.0
         try:
             for b, (ids, mask) in enumerate(self.batches):
+                if splice:
+                    self.state.cached, self.state.checked = self.attn_outputs[b], self._checked[b]
                 if self.layers is not None and start > 0:
                     with _cached_below(self.layers, self.outputs[b], start):
                         logits = self._forward(ids, mask)
@@ -317,7 +374,7 @@ class _Runner:
                     logits = self._forward(ids, mask)
                 total += _ce_sum(logits, self.targets[b]).item()
         finally:
-            self.state.betas = {}
+            self.state.betas, self.state.cached = {}, {}
         return total / self.n_tokens
 
     @torch.no_grad()

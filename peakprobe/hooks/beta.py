@@ -11,6 +11,10 @@ model's own attention function (sdpa, flash, eager) gives softmax(beta_h * z + m
 With softcapping or a sink it computes the eager formulation here (``beta_attention``). Both are
 differentiable in beta, so one backward pass gives d loss / d log beta for every head. No
 weights change.
+
+``one_head`` runs the same call for one query head only (its key/value head sliced out, the
+module seen with one key/value group): where only that head's beta differs from 1, the other
+heads' outputs are those of beta = 1 and need not be computed again.
 """
 
 from __future__ import annotations
@@ -113,3 +117,50 @@ def attention_with_beta(
         query, key, value, beta, scaling=float(scaling), mask=spec, softcap=softcap, sink=sink
     )
     return out, None
+
+
+class OneGroup:
+    """An attention module seen with one key/value group (a single head's call)."""
+
+    num_key_value_groups = 1
+
+    def __init__(self, module: torch.nn.Module):
+        self._module = module
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
+
+
+def real_module(module) -> torch.nn.Module:
+    """The attention module itself, also when seen through ``OneGroup``."""
+    return module._module if isinstance(module, OneGroup) else module
+
+
+def one_head(
+    delegate: Callable,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    head: int,
+    beta: torch.Tensor,
+    **kwargs,
+) -> torch.Tensor | None:
+    """Query head ``head``'s output alone, its logits times ``beta`` (a 0-d or (1,) tensor):
+    (B, Tq, 1, Dv); None where the call carries a per-head tensor other than a sink (it could
+    not be sliced safely). query: (B, H, Tq, D); key/value: (B, Hkv, Tk, D)."""
+    n = query.shape[1]
+    per_head = [t for t in (attention_mask, *kwargs.values())
+                if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[1] == n and n > 1]
+    if per_head:
+        return None
+    kv = head // (n // key.shape[1])
+    kw = dict(kwargs)
+    if kw.get("s_aux") is not None:
+        kw["s_aux"] = kw["s_aux"][head : head + 1]
+    out, _ = attention_with_beta(
+        delegate, OneGroup(module), query[:, head : head + 1], key[:, kv : kv + 1],
+        value[:, kv : kv + 1], attention_mask, beta.reshape(1), **kw,
+    )
+    return out  # (B, Tq, 1, Dv)
