@@ -1,18 +1,21 @@
 """The cost of the attribution: one checkpoint's sweep (probe_model over the evaluation windows)
 with the default attribution against the same sweep forward-only, measured in one run.
 
-Model: the CPU benchmark shape of benchmarks/throughput.py, a random-init 6-layer, 256-wide,
-8-head GPT-NeoX (vocab 1024), float32, batch 8 x 512 tokens, 64 evaluation windows. Variants:
-the forward-only sweep (the baseline), the default attribution (single heads screened:
-``--head-gains screen``), the attribution without single heads, and, as the cost where every
-head's gain matters, every head searched (``--head-gains search``).
+Model: the CPU benchmark model of benchmarks/throughput.py, a random-init 6-layer, 256-wide,
+8-head GPT-NeoX (vocab 1024, 2048 positions), float32, batch 8, and a sweep's defaults: 64
+evaluation windows of 1024 tokens (``data.DEFAULT_WINDOW``; ``--length 512`` gives the
+throughput benchmark's shorter windows). Variants: the forward-only sweep (the baseline), the
+default attribution (single heads screened: ``--head-gains screen``), the attribution without
+single heads, and, with ``--every-head``, every head searched (``--head-gains search``), the
+cost where every head's gain matters.
 
 The variants run interleaved, one of each per round, so that each round's ratios compare runs
 taken moments apart: the machine's speed drifts by tens of percent over minutes, and a baseline
 timed before the variants would carry that drift into the ratio. Prints each variant's median
 seconds and its ratio to the same round's baseline (median, and the range over rounds).
 
-    python benchmarks/sweep_cost.py [--rounds 3] [--windows 64] [--attribution-windows 4]
+    python benchmarks/sweep_cost.py [--rounds 3] [--windows 64] [--length 1024] [--every-head]
+        [--attribution-windows 4]
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
-from peakprobe.data import EvalData, token_hash
+from peakprobe.data import DEFAULT_WINDOW, EvalData, token_hash
 from peakprobe.hooks import ProbeConfig
 from peakprobe.sweep import SweepConfig, probe_model
 
@@ -39,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--windows", type=int, default=64)
-    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--length", type=int, default=DEFAULT_WINDOW)
+    parser.add_argument("--every-head", action="store_true", help="also time every head searched")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--attribution-windows", type=int, default=ProbeConfig().attribution_windows)
     args = parser.parse_args(argv)
@@ -63,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         ("forward-only sweep (baseline)", run(plain)),
         ("sweep + default attribution", run(full)),
         ("sweep + attribution without head gains", run(groups)),
-        ("sweep + attribution, every head searched", run(every)),
-    ]
+    ] + ([("sweep + attribution, every head searched", run(every))] if args.every_head else [])
     run(plain)()  # warm-up
     times = np.array([[_seconds(fn) for _, fn in variants] for _ in range(args.rounds)])  # (rounds, variants)
     ratios = times / times[:, :1]
