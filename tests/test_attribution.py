@@ -411,7 +411,8 @@ def test_search_finds_the_closed_form_minimum():
     assert flat.gain == 0.0 and flat.x == 0.0
 
 
-def test_gpt_oss_sinks_take_part_in_the_tempered_softmax():
+def _gpt_oss_model():
+    """A 2-layer gpt-oss (learned sinks, scaled up; sliding and full attention; GQA), float32."""
     from transformers import AutoModelForCausalLM, GptOssConfig
 
     torch.manual_seed(0)
@@ -425,6 +426,11 @@ def test_gpt_oss_sinks_take_part_in_the_tempered_softmax():
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.sinks.normal_(0, 2.0)
+    return model
+
+
+def test_gpt_oss_sinks_take_part_in_the_tempered_softmax():
+    model = _gpt_oss_model()
     ids, _ = left_padded_batch(pads=(0, 0, 0))
     df = attribute(model, [(ids, None)], heads="off")
     eps = 0.05
@@ -529,22 +535,6 @@ def test_screened_search_on_closed_forms():
             assert r.gain == pytest.approx(rise(0.0) - grid, rel=0.02)
         else:  # one more evaluation, nothing behind the rise: below the floor
             assert r.estimated and len(calls) == 2 and 0 <= r.gain < 1.5e-3
-
-
-def _gpt_oss_model():
-    from transformers import AutoModelForCausalLM, GptOssConfig
-
-    torch.manual_seed(0)
-    cfg = GptOssConfig(vocab_size=97, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=1,
-                       num_experts_per_tok=1, sliding_window=5, max_position_embeddings=128,
-                       layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
-                       bos_token_id=1, eos_token_id=2)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.sinks.normal_(0, 2.0)
-    return model
 
 
 @pytest.mark.parametrize("arch", ["gpt_neox", "llama_gqa", "gemma2_softcap", "gpt_oss", "llama_gqa eager"])
