@@ -542,8 +542,8 @@ def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
     """A single head's evaluation recomputes only that head's attention at its layer (the other
     heads' beta = 1 outputs reused): the frame is identical to recomputing every head, with GQA,
     softcapping, learned sinks, left padding and the eager path. Where the one-head calls do not
-    reproduce the beta = 1 output (a wrong key/value head, planted), the check turns them off
-    and the frame is still identical."""
+    reproduce the beta = 1 output (a wrong key/value head, planted) or raise, the check turns
+    them off and the frame is still identical."""
     from peakprobe.hooks import attribution as attr
     from peakprobe.hooks import beta as beta_module
 
@@ -580,9 +580,13 @@ def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
         return one_head(delegate, module, query, key.roll(1, dims=1), value.roll(1, dims=1), mask,
                         head, beta, **kw)
 
-    monkeypatch.setattr(attr, "one_head", wrong_kv)
-    counts.clear()
-    refused = attribute(model, batches, heads="search")
-    n_spliced, checked = counts[-1]
-    assert n_spliced == 0 and not any(any(c.values()) for c in checked.values()), checked
-    pd.testing.assert_frame_equal(refused, whole, check_exact=True)
+    def raising(*a, **k):
+        raise TypeError("this attention function takes no one-head call")
+
+    for planted in (wrong_kv, raising):
+        monkeypatch.setattr(attr, "one_head", planted)
+        counts.clear()
+        refused = attribute(model, batches, heads="search")
+        n_spliced, checked = counts[-1]
+        assert n_spliced == 0 and not any(any(c.values()) for c in checked.values()), checked
+        pd.testing.assert_frame_equal(refused, whole, check_exact=True)
