@@ -23,12 +23,12 @@ i-th block holds the attention module of layer i; a block below l answers with i
 output). The cache and the beta = 1 logits come from the slopes' own forward (log beta = 0,
 so beta = 1 exactly), checked to reproduce its loss bit for bit; failing that, from a no-grad
 pass, checked the same way. When no such list exists or both checks fail, every evaluation
-is a full forward. With the cache, a single head's evaluation also reuses the other heads' beta = 1
-outputs of its layer (recorded by the same pass) and recomputes that head's attention alone,
-where one-head calls reproduce the recorded output bit for bit (checked once a layer, every
-head; otherwise that layer computes every head). Everything reaches the softmaxes through one function
-registered with transformers' ``AttentionInterface`` (with the original mask function), and
-``tempered`` restores the model on exit.
+is a full forward. With the cache, a single head's evaluation also reuses the other heads'
+beta = 1 outputs of its layer (recorded by the same pass) and recomputes that head's attention
+alone, where one-head calls reproduce the recorded output bit for bit (checked once a layer,
+every head; otherwise that layer computes every head). Everything reaches the softmaxes
+through one function registered with transformers' ``AttentionInterface`` (with the original
+mask function), and ``tempered`` restores the model on exit.
 """
 
 from __future__ import annotations
