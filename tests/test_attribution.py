@@ -568,6 +568,14 @@ def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
     n_spliced, checked = counts[-1]
     assert n_spliced > 0 and all(all(c.values()) for c in checked.values()), checked
 
+    if dtype == torch.float64 and name != "gpt_oss":  # and against the independent eager reference
+        f0 = reference_loss(model, ids, mask, {})
+        heads = spliced[(spliced.site_kind == vocab.ATTN) & (spliced.metric == vocab.GAIN)]
+        for layer, head in heads[["layer", "head"]].itertuples(index=False):
+            x = _value(spliced, vocab.ATTN, layer, head, vocab.LOG_BETA_OPT)
+            at_x = reference_loss(model, ids, mask, _head_factors(model, layer, head, math.exp(x)))
+            assert _value(spliced, vocab.ATTN, layer, head, vocab.GAIN) == pytest.approx(f0 - at_x, abs=1e-9)
+
     monkeypatch.setattr(attr.Tempered, "_one_head_only", lambda self, *a: None)
     whole = attribute(model, batches, heads="search")
     pd.testing.assert_frame_equal(spliced, whole, check_exact=True)
