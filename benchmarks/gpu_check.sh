@@ -4,10 +4,11 @@
 #   OUT=/some/dir bash benchmarks/gpu_check.sh        # from anywhere; OUT defaults to ./gpu_out
 #
 # 1. environment  -> $OUT/env.txt   (GPU, versions; missing Python packages installed from PyPI)
-# 2. parity tests -> $OUT/parity.txt, parity.xml   (tests/test_triton_parity.py compiled on CUDA)
+# 2. parity tests -> $OUT/parity.txt   (tests/test_triton_parity.py compiled on CUDA)
 # 3. benchmark    -> $OUT/bench.txt, bench.json    (benchmarks/gpu.py: Pythia-160m and -1.4b)
-# 4. launch sweep -> $OUT/sweep.txt, sweep.json    (kernel only, if time is left)
-# Every step has its own timeout; the whole run stays under 5 minutes. $OUT/summary.txt lists
+# 4. attribution  -> $OUT/cost.txt                 (benchmarks/sweep_cost.py, Pythia-160m shape)
+# 5. launch sweep -> $OUT/sweep.txt, sweep.json    (kernel only, if time is left)
+# Every step has its own timeout; the whole run stays under 6 minutes. $OUT/summary.txt lists
 # each step's exit status. Exit status: that of the parity tests (2 when there is no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +60,7 @@ fi
 
 # 2. parity on CUDA
 PEAKPROBE_TRITON_DEVICE=cuda timeout 140 "$PY" -m pytest tests/test_triton_parity.py -q \
-  -p no:cacheprovider --durations=8 --junitxml="$OUT/parity.xml" > "$OUT/parity.txt" 2>&1
+  -p no:cacheprovider --durations=8 > "$OUT/parity.txt" 2>&1
 parity=$?
 tail -n 25 "$OUT/parity.txt"
 step parity "$parity"
@@ -70,8 +71,14 @@ bench=$?
 cat "$OUT/bench.txt" | grep -v '^  ' || true
 step benchmark "$bench"
 
-# 4. launch-configuration sweep of the kernel alone, in whatever time is left
-left=$((285 - SECONDS))
+# 4. the attribution's cost against the forward-only sweep, on the GPU (float32, kernel probes)
+timeout 100 "$PY" benchmarks/sweep_cost.py --size 160m --device cuda --backend auto --rounds 2 \
+  > "$OUT/cost.txt" 2>&1
+step cost $?
+cat "$OUT/cost.txt"
+
+# 5. launch-configuration sweep of the kernel alone, in whatever time is left
+left=$((345 - SECONDS))
 if [ "$left" -gt 30 ]; then
   timeout "$left" "$PY" benchmarks/gpu.py --kernel-only --sweep --no-progress \
     --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2>&1

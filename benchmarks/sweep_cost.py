@@ -14,8 +14,12 @@ taken moments apart: the machine's speed drifts by tens of percent over minutes,
 timed before the variants would carry that drift into the ratio. Prints each variant's median
 seconds and its ratio to the same round's baseline (median, and the range over rounds).
 
+``--size`` builds a random-init GPT-NeoX of a Pythia shape (vocab 50304) instead, and
+``--device cuda`` runs everything on a GPU (float32; the probes' backend ``--backend``, e.g.
+``auto`` for the Triton kernel): the cost where evaluations are cheap and launches are not.
+
     python benchmarks/sweep_cost.py [--rounds 3] [--windows 64] [--length 1024] [--every-head]
-        [--attribution-windows 4]
+        [--attribution-windows 4] [--size 160m] [--device cuda] [--backend auto]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
+from peakprobe.checkpoints_index import PYTHIA_SHAPES
 from peakprobe.data import DEFAULT_WINDOW, EvalData, token_hash
 from peakprobe.hooks import ProbeConfig
 from peakprobe.sweep import SweepConfig, probe_model
@@ -46,22 +51,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every-head", action="store_true", help="also time every head searched")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--attribution-windows", type=int, default=ProbeConfig().attribution_windows)
+    parser.add_argument("--size", choices=tuple(PYTHIA_SHAPES), default=None,
+                        help="a Pythia shape instead of the CPU benchmark model")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default="torch", help="the probes' backend (torch, auto, ...)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(vocab_size=1024, hidden_size=256, intermediate_size=1024,
-                        num_hidden_layers=6, num_attention_heads=8, max_position_embeddings=2048)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    ids = torch.randint(0, 1024, (args.windows, args.length))
+    if args.size is None:
+        vocab, shape = 1024, (6, 256, 8)
+    else:
+        s = PYTHIA_SHAPES[args.size]
+        vocab, shape = 50304, (s.n_layers, s.hidden_size, s.n_heads)
+    cfg = GPTNeoXConfig(vocab_size=vocab, num_hidden_layers=shape[0], hidden_size=shape[1],
+                        num_attention_heads=shape[2], intermediate_size=4 * shape[1],
+                        max_position_embeddings=2048)
+    model = AutoModelForCausalLM.from_config(cfg).to(args.device).eval()
+    ids = torch.randint(0, vocab, (args.windows, args.length))
     data = EvalData(ids, torch.ones_like(ids), "random", token_hash(ids))
 
     def run(probe: ProbeConfig):
         return lambda: probe_model(model, data, SweepConfig(batch_size=args.batch, probe=probe))
 
-    plain = ProbeConfig(sensitivity=False, backend="torch")
-    full = ProbeConfig(backend="torch", attribution_windows=args.attribution_windows)
-    groups = ProbeConfig(backend="torch", attribution_windows=args.attribution_windows,
+    be = args.backend
+    plain = ProbeConfig(sensitivity=False, backend=be)
+    full = ProbeConfig(backend=be, attribution_windows=args.attribution_windows)
+    groups = ProbeConfig(backend=be, attribution_windows=args.attribution_windows,
                          attribution_heads="off")
-    every = ProbeConfig(backend="torch", attribution_windows=args.attribution_windows,
+    every = ProbeConfig(backend=be, attribution_windows=args.attribution_windows,
                         attribution_heads="search")
     variants = [
         ("forward-only sweep (baseline)", run(plain)),
@@ -71,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     run(plain)()  # warm-up
     times = np.array([[_seconds(fn) for _, fn in variants] for _ in range(args.rounds)])  # (rounds, variants)
     ratios = times / times[:, :1]
-    print(f"GPT-NeoX 6 x 256, 8 heads, vocab 1024, float32, {args.windows} windows x {args.length} "
-          f"tokens, batch {args.batch}, attribution on {args.attribution_windows} windows, "
-          f"{torch.get_num_threads()} threads, {args.rounds} interleaved rounds")
+    where = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
+             else f"{torch.get_num_threads()} threads")
+    print(f"GPT-NeoX {shape[0]} x {shape[1]}, {shape[2]} heads, vocab {vocab}, float32, "
+          f"{args.windows} windows x {args.length} tokens, batch {args.batch}, attribution on "
+          f"{args.attribution_windows} windows, probes {be}, {where}, {args.rounds} interleaved rounds")
     print(f"{'variant':<42}{'seconds':>9}{'x baseline':>12}{'range':>14}")
     for j, (name, _) in enumerate(variants):
         lo, hi = ratios[:, j].min(), ratios[:, j].max()
