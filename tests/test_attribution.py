@@ -18,6 +18,9 @@ from peakprobe.hooks.attribution import attribute
 from peakprobe.hooks.beta import beta_attention
 from peakprobe.hooks.search import (
     DELTA,
+    SCREEN_POINT,
+    SCREEN_STOP,
+    FirstPart,
     _next_point,
     minimize_log_beta,
     quadratic_estimate,
@@ -535,6 +538,103 @@ def test_screened_search_on_closed_forms():
             assert r.gain == pytest.approx(rise(0.0) - grid, rel=0.02)
         else:  # one more evaluation, nothing behind the rise: below the floor
             assert r.estimated and len(calls) == 2 and 0 <= r.gain < 1.5e-3
+
+
+def _two_parts(f1, f2, w: float, log: list):
+    """The loss over two parts of the windows (token weights w, 1 - w) as the runner gives it:
+    (f over all at x, FirstPart); ``log`` records which part was evaluated at which x."""
+    def part(x):
+        log.append(("first", x))
+        return f1(x)
+
+    def full(x):
+        log.append(("rest", x))
+        return w * f1(x) + (1 - w) * f2(x)
+    g1 = (f1(1e-7) - f1(-1e-7)) / 2e-7
+    return full, FirstPart(part, f1(0.0), g1, full)
+
+
+def test_screen_on_the_first_half_stops_a_negligible_head_and_leaves_the_others_unchanged():
+    """A head that moves the first part's loss by under SCREEN_STOP x the floor (at the screen
+    point, and by its slope) costs one look at that part and reports that part's quadratic
+    figure; any other head's figures are those of the screen on all windows, bit for bit. The
+    blind spot, recorded: a head whose loss moves in the other part only is stopped too."""
+    floor, w = 1e-3, 0.5
+    tiny = lambda x: 1e-6 * (x - 0.5) ** 2  # noqa: E731  (promise 2.5e-7, far below the floor)
+    log = []
+    full, first = _two_parts(tiny, tiny, w, log)
+    r = screened_search(full, full(0.0), first.g0, floor=floor, first=first)
+    log.remove(("rest", 0.0))
+    assert log == [("first", SCREEN_POINT)] and r.estimated and r.n_evals == 1
+    # the part's quadratic model through 0, its slope and x = 1.5 is tiny itself: vertex 0.5
+    assert r.x == pytest.approx(0.5, abs=1e-6) and r.gain == pytest.approx(2.5e-7, rel=1e-5)
+
+    def basin(x):  # a gain of 0.01 at x = 2, well above the floor
+        return -0.01 * math.exp(-((x - 2) / 0.8) ** 2)
+    for f1, f2 in ((basin, basin), (basin, tiny)):
+        log = []
+        full, first = _two_parts(f1, f2, w, log)
+        f0, g0 = full(0.0), (full(1e-7) - full(-1e-7)) / 2e-7
+        r = screened_search(full, f0, g0, floor=floor, first=first)
+        assert r == screened_search(full, f0, g0, floor=floor)
+        assert ("first", SCREEN_POINT) in log and ("rest", SCREEN_POINT) in log
+        assert not r.estimated and r.gain > 4 * floor
+    log = []
+    full, first = _two_parts(tiny, basin, w, log)  # the basin in the second part only
+    f0, g0 = full(0.0), (full(1e-7) - full(-1e-7)) / 2e-7
+    assert screened_search(full, f0, g0, floor=floor).gain > 4 * floor
+    stopped = screened_search(full, f0, g0, floor=floor, first=first)
+    assert stopped.estimated and stopped.gain < SCREEN_STOP * floor
+
+
+def test_the_windows_are_split_in_two_parts_in_order():
+    from peakprobe.hooks.attribution import _halves
+
+    ids = torch.arange(5 * 3).view(5, 3)
+    mask = torch.ones_like(ids)
+    parts = _halves([(ids[:2], mask[:2]), (ids[2:4], None), (ids[4:], mask[4:])])
+    assert [[len(i) for i, _ in part] for part in parts] == [[2, 1], [2]]
+    assert torch.equal(torch.cat([i for part in parts for i, _ in part]), ids)
+    assert all(torch.equal(m, torch.ones_like(i)) for part in parts for i, m in part)
+    assert [len(part) for part in _halves([(ids[:1], None)])] == [1]
+    assert _halves([(ids, None)])[1][0][1] is None
+
+
+def test_heads_the_first_half_does_not_stop_get_the_figures_of_the_whole_screen(monkeypatch):
+    """On a random tiny model, where some heads stop on the first half of the windows: every
+    other site's figures equal those of the screen run on all windows at once (bit for bit),
+    and every stopped head's gain (that part's figure, not the whole's) is under the floor."""
+    from peakprobe.hooks import attribution as attr
+
+    model = tiny_model("gpt_neox")
+    ids, mask = left_padded_batch(batch=4, pads=(0, 2, 0, 3))
+    batches = [(ids, mask)]
+    stops = []
+    screened = attr.screened_search
+
+    def spy(*a, **k):
+        r = screened(*a, **k)
+        stops.append(k.get("first") is not None and r.estimated and r.n_evals == 1)
+        return r
+    monkeypatch.setattr(attr, "screened_search", spy)
+    split = attribute(model, batches)
+    stopped = [i for i, s in enumerate(stops) if s]
+    assert 0 < len(stopped) < len(stops)
+    monkeypatch.setattr(attr._Runner, "first_part", lambda self, betas, start, slope0: (
+        lambda x: self.loss(betas(x), start), None))
+    whole = attribute(model, batches)
+    heads = split[split.site_kind == vocab.ATTN]
+    keys = heads[["layer", "head"]].drop_duplicates().itertuples(index=False)
+    stopped_keys = {k for i, k in enumerate(keys) if i in stopped}
+    f0 = reference_loss(model, ids, mask, {})
+    floor = vocab.HEAD_GAIN_FLOOR * f0
+    for (kind, layer, head), a in split.groupby(["site_kind", "layer", "head"]):
+        b = whole[(whole.site_kind == kind) & (whole.layer == layer) & (whole["head"] == head)]
+        if kind == vocab.ATTN and (layer, head) in stopped_keys:
+            assert 0 <= _value(a, kind, layer, head, vocab.GAIN) < floor
+            continue
+        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True),
+                                      check_exact=True)
 
 
 @pytest.mark.parametrize("arch", ["gpt_neox", "llama_gqa", "gemma2_softcap", "gpt_oss", "llama_gqa eager"])

@@ -47,7 +47,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import vocab
 from .beta import attention_with_beta, one_head, real_module
-from .search import SearchResult, minimize_log_beta, quadratic_estimate, screened_search
+from .search import FirstPart, SearchResult, minimize_log_beta, quadratic_estimate, screened_search
 
 _names = itertools.count()
 LM_SCAN = tuple(x / 2 for x in range(-6, 7))  # log beta -3 .. 3: the LM head's loss is cheap
@@ -259,18 +259,42 @@ def _lm_closed_form(logits: Sequence[torch.Tensor], targets: Sequence[torch.Tens
     return g / n, h / n
 
 
+def _halves(batches: Sequence[Batch]) -> list[list[Batch]]:
+    """The windows of ``batches`` in two parts, the first ceil(N / 2) windows and the rest, each
+    cut into batches no larger than the largest given; one part for a single window."""
+    ids = torch.cat([i for i, _ in batches])  # (N, T)
+    masks = [m for _, m in batches]
+    mask = None if all(m is None for m in masks) else torch.cat(
+        [torch.ones_like(i) if m is None else m for i, m in batches])
+    size, n = max(len(i) for i, _ in batches), len(ids)
+    cut = (n + 1) // 2 if n > 1 else n
+    return [[(ids[a : min(a + size, b)], None if mask is None else mask[a : min(a + size, b)])
+             for a in range(lo_, b, size)] for lo_, b in ((0, cut), (cut, n)) if b > lo_]
+
+
 class _Runner:
-    """Loss evaluations of the tempered model on fixed batches, with cached lower layers."""
+    """Loss evaluations of the tempered model on fixed batches, with cached lower layers.
+
+    The windows are held in two parts (``_halves``), so that a single head's screen can look at
+    the first half alone (``part_sum``); every loss over all windows is the sum of the parts'
+    sums, the same bits however it was reached."""
 
     def __init__(self, state: Tempered, batches: Sequence[Batch]):
         self.state = state
         self.model = state.model
         device = next(self.model.parameters()).device
-        self.batches = [(i.to(device), None if m is None else m.to(device)) for i, m in batches]
+        parts = _halves(batches)
+        self.batches = [(i.to(device), None if m is None else m.to(device)) for part in parts for i, m in part]
+        self.parts = [list(range(sum(map(len, parts[:k])), sum(map(len, parts[: k + 1]))))
+                      for k in range(len(parts))]  # batch indices of each part
         self.targets = [_targets(i, m) for i, m in self.batches]
-        self.n_tokens = int(sum(int((t >= 0).sum()) for t in self.targets))
+        counts = [int((t >= 0).sum()) for t in self.targets]
+        self.part_tokens = [sum(counts[b] for b in part) for part in self.parts]
+        self.n_tokens = sum(self.part_tokens)
         if self.n_tokens == 0:
             raise ValueError("the attribution windows hold no next-token targets")
+        self.part_loss0: list[float] = []  # per part: the loss sum at beta = 1
+        self.part_grads: list[dict[int, torch.Tensor]] = []  # per part: layer -> (H,) slope sums
         self.layers: list | None = None
         self.outputs: list[list] = []  # per batch, per layer: the block's output at beta = 1
         self.logits: list[torch.Tensor] = []  # per batch (B, T, V) at beta = 1
@@ -291,35 +315,38 @@ class _Runner:
         for p in params:
             p.requires_grad_(False)
         blocks = _outer_blocks(self.model)
-        total: dict[int, torch.Tensor] = {}
-        loss_sum = 0.0
+        self.part_loss0, self.part_grads = [0.0] * len(self.parts), [{} for _ in self.parts]
         try:
             with torch.enable_grad():
-                for (ids, mask), tgt in zip(self.batches, self.targets, strict=True):
-                    self.state.log_betas, self.state.record = {}, {}
-                    with _recording(blocks) as outs:
-                        logits = self._forward(ids, mask)
-                    self.attn_outputs.append(self.state.record)
-                    self.state.record = None
-                    loss = _ce_sum(logits, tgt)
-                    layers = sorted(self.state.log_betas)
-                    grads = torch.autograd.grad(
-                        loss, [self.state.log_betas[i] for i in layers], allow_unused=True
-                    )
-                    for i, g in zip(layers, grads, strict=True):
-                        lb = self.state.log_betas[i]
-                        g = torch.zeros_like(lb) if g is None else g
-                        g = g.detach().to(torch.float64).cpu()
-                        total[i] = total[i] + g if i in total else g
-                    self.logits.append(logits.detach())
-                    self._block_outputs.append(outs)
-                    loss_sum += loss.item()
+                for k, part in enumerate(self.parts):
+                    total = self.part_grads[k]
+                    for b in part:
+                        ids, mask = self.batches[b]
+                        self.state.log_betas, self.state.record = {}, {}
+                        with _recording(blocks) as outs:
+                            logits = self._forward(ids, mask)
+                        self.attn_outputs.append(self.state.record)
+                        self.state.record = None
+                        loss = _ce_sum(logits, self.targets[b])
+                        layers = sorted(self.state.log_betas)
+                        grads = torch.autograd.grad(
+                            loss, [self.state.log_betas[i] for i in layers], allow_unused=True
+                        )
+                        for i, g in zip(layers, grads, strict=True):
+                            lb = self.state.log_betas[i]
+                            g = torch.zeros_like(lb) if g is None else g
+                            g = g.detach().to(torch.float64).cpu()
+                            total[i] = total[i] + g if i in total else g
+                        self.logits.append(logits.detach())
+                        self._block_outputs.append(outs)
+                        self.part_loss0[k] += loss.item()
         finally:
             self.state.log_betas = self.state.record = None
             for p in params:
                 p.requires_grad_(True)
-        self.loss0 = loss_sum / self.n_tokens
-        return {i: g / self.n_tokens for i, g in total.items()}
+        self.loss0 = sum(self.part_loss0) / self.n_tokens
+        layers = sorted({i for grads in self.part_grads for i in grads})
+        return {i: sum(grads[i] for grads in self.part_grads if i in grads) / self.n_tokens for i in layers}
 
     def base(self) -> None:
         """The beta = 1 cache: the gradient pass's logits and decoder block outputs, checked to
@@ -342,32 +369,41 @@ class _Runner:
     def _no_grad_base(self) -> None:
         """Fill the cache and logits by a no-grad forward (the decoder blocks only), and check it."""
         self.logits, self.outputs, self.attn_outputs = [], [], []
-        total = 0.0
-        for (ids, mask), tgt in zip(self.batches, self.targets, strict=True):
-            self.state.record = {} if self.layers is not None else None
-            with _recording(self.layers or []) as outs:
-                logits = self._forward(ids, mask)
-            self.attn_outputs.append(self.state.record or {})
-            self.state.record = None
-            self.logits.append(logits)
-            self.outputs.append([outs.get(id(b)) for b in self.layers or []])
-            total += _ce_sum(logits, tgt).item()
-        self.loss0 = total / self.n_tokens
+        self.part_loss0 = [0.0] * len(self.parts)
+        for k, part in enumerate(self.parts):
+            for b in part:
+                ids, mask = self.batches[b]
+                self.state.record = {} if self.layers is not None else None
+                with _recording(self.layers or []) as outs:
+                    logits = self._forward(ids, mask)
+                self.attn_outputs.append(self.state.record or {})
+                self.state.record = None
+                self.logits.append(logits)
+                self.outputs.append([outs.get(id(blk)) for blk in self.layers or []])
+                self.part_loss0[k] += _ce_sum(logits, self.targets[b]).item()
+        self.loss0 = sum(self.part_loss0) / self.n_tokens
         if self.layers is not None and not self._cache_reproduces():
             self.layers, self.outputs = None, []
 
-    @torch.no_grad()
     def loss(self, betas: dict[int, torch.Tensor], start: int = 0) -> float:
-        """Mean next-token loss with ``betas`` (layer -> (H,)), re-running layers ``start``.. only.
-        With one layer's beta and the beta = 1 cache, a beta that differs from 1 in one head
-        only recomputes that head's attention at its layer (``Tempered._one_head_only``)."""
+        """Mean next-token loss over all windows with ``betas`` (layer -> (H,)), re-running
+        layers ``start``.. only: the parts' sums added (see ``part_sum``)."""
+        return sum(self.part_sum(betas, start, k) for k in range(len(self.parts))) / self.n_tokens
+
+    @torch.no_grad()
+    def part_sum(self, betas: dict[int, torch.Tensor], start: int, part: int) -> float:
+        """The next-token loss summed over part ``part``'s tokens with ``betas``, re-running
+        layers ``start``.. only. With one layer's beta and the beta = 1 cache, a beta that
+        differs from 1 in one head only recomputes that head's attention at its layer
+        (``Tempered._one_head_only``)."""
         self.state.betas = betas
         splice = self.layers is not None and len(betas) == 1
         while splice and len(self._checked) < len(self.batches):
             self._checked.append({})
         total = 0.0
         try:
-            for b, (ids, mask) in enumerate(self.batches):
+            for b in self.parts[part]:
+                ids, mask = self.batches[b]
                 if splice:
                     self.state.cached, self.state.checked = self.attn_outputs[b], self._checked[b]
                 if self.layers is not None and start > 0:
@@ -378,13 +414,34 @@ class _Runner:
                 total += _ce_sum(logits, self.targets[b]).item()
         finally:
             self.state.betas, self.state.cached = {}, {}
-        return total / self.n_tokens
+        return total
 
     @torch.no_grad()
     def lm_loss(self, x: float) -> float:
         scale = float(torch.exp(torch.tensor(x, dtype=torch.float64)))
-        total = sum(_ce_sum(z, t, scale).item() for z, t in zip(self.logits, self.targets, strict=True))
-        return total / self.n_tokens
+        return sum(sum(_ce_sum(self.logits[b], self.targets[b], scale).item() for b in part)
+                   for part in self.parts) / self.n_tokens
+
+    def first_part(self, betas: Callable[[float], dict[int, torch.Tensor]], start: int,
+                   slope0: float) -> tuple[Callable[[float], float], FirstPart | None]:
+        """The loss over all windows at x (``betas(x)``, layers ``start``..), and the screen's
+        look at the first part (None with one part); ``slope0`` is the first part's slope sum.
+        The full loss at an x the first part has seen reuses that part's sum."""
+        sums: dict[float, float] = {}
+
+        def part(x: float) -> float:
+            sums[x] = self.part_sum(betas(x), start, 0)
+            return sums[x] / self.part_tokens[0]
+
+        def full(x: float) -> float:
+            first = sums.pop(x) if x in sums else self.part_sum(betas(x), start, 0)
+            rest = sum(self.part_sum(betas(x), start, k) for k in range(1, len(self.parts)))
+            return (first + rest) / self.n_tokens
+
+        if len(self.parts) < 2 or min(self.part_tokens) == 0:
+            return full, None
+        n0 = self.part_tokens[0]
+        return full, FirstPart(part, self.part_loss0[0] / n0, slope0 / n0, full)
 
 
 def _beta_vector(n: int, x: float, head: int | None, like: torch.Tensor) -> torch.Tensor:
@@ -453,8 +510,12 @@ def _attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: st
             if heads == "search":
                 r = minimize_log_beta(f, f0, slope, ftol=ftol, max_evals=GROUP_EVALS)
             elif heads == "screen":
-                r = screened_search(f, f0, slope, floor=vocab.HEAD_GAIN_FLOOR * abs(f0), ftol=ftol,
-                                    max_evals=GROUP_EVALS)
+                def betas(x, layer=layer, head=head, n_h=n_h):
+                    return {layer: _beta_vector(n_h, x, head, like)}
+                g_first = run.part_grads[0].get(layer) if run.part_grads else None
+                full, first = run.first_part(betas, layer, 0.0 if g_first is None else float(g_first[head]))
+                r = screened_search(full, f0, slope, floor=vocab.HEAD_GAIN_FLOOR * abs(f0), ftol=ftol,
+                                    max_evals=GROUP_EVALS, first=first)
             else:
                 r = quadratic_estimate(f, f0, slope)
             rows += _rows(vocab.ATTN, layer, head, r, n)

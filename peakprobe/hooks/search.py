@@ -19,8 +19,11 @@ leaves [lo, hi]; a minimum on a bound is reported as such (``at_bound``), its ga
 With ``rtol`` it stops once a parabola promises less than that fraction of the gain found.
 
 ``screened_search`` (single heads): one evaluation at x = -sign(g0) * ``SCREEN_POINT`` decides
-whether the head's gain can reach the floor; only then the search runs, with ``rtol``. Pure
-Python: no torch.
+whether the head's gain can reach the floor; only then the search runs, with ``rtol``. Given a
+``FirstPart`` (the loss on the first half of the windows), that evaluation is made in two
+steps: the first half alone ends the screen where it promises under ``SCREEN_STOP`` x the
+floor; otherwise the other half completes it, and everything goes on exactly as without it.
+Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ LOG_BETA_BOUNDS = (-3.0, 3.0)
 DELTA = 0.05  # the first step, and the span of the secant curvature
 SCREEN_POINT = 1.5  # |log beta| of a head's screening evaluation, downhill: half way to the bound
 SCREEN_FLAG = 0.5  # a head is searched where its screen promises this fraction of the floor
+SCREEN_STOP = 0.1  # the first half of the windows ends a screen promising under this x the floor
 HEAD_RTOL = 0.02  # a screened head's search: its gain to about 2%
 XTOL = 1e-4  # in log beta; a loss error ~ curvature * XTOL^2 / 2
 MAX_EVALS = 40
@@ -60,6 +64,33 @@ class SearchResult:
 
 def _secant(f0: float, g0: float, x1: float, f1: float) -> float:
     return 2.0 * (f1 - f0 - g0 * x1) / (x1 * x1)
+
+
+@dataclass(frozen=True)
+class FirstPart:
+    """A screen's first look, on the first part of the windows: that part's mean loss at x, at
+    0 and its slope at 0; ``complete(x)`` is the loss on all windows at an x already looked at
+    (the rest of the windows evaluated, the first part's evaluation reused)."""
+
+    f: Callable[[float], float]
+    f0: float
+    g0: float
+    complete: Callable[[float], float]
+
+
+def _screen_model(f0: float, g0: float, xs: float, fs: float,
+                  bounds: tuple[float, float]) -> tuple[float, float, float]:
+    """(x, f, h): the lower of the points seen (0 and xs) and the minimum over ``bounds`` of the
+    quadratic model through f0, g0 and f(xs) (its vertex, or the downhill bound when h <= 0);
+    h is the model's secant curvature."""
+    lo, hi = bounds
+    h = _secant(f0, g0, xs, fs)
+    x, best = (xs, fs) if fs < f0 else (0.0, f0)
+    xv = min(hi, max(lo, -g0 / h)) if h > 0 else (hi if g0 < 0 else lo)
+    fv = f0 + g0 * xv + 0.5 * h * xv * xv
+    if fv < best:
+        x, best = xv, fv
+    return x, best, h
 
 
 def _first_step(g0: float, delta: float) -> float:
@@ -220,7 +251,7 @@ def minimize_log_beta(
 def screened_search(
     f: Callable[[float], float], f0: float, g0: float, *, floor: float, ftol: float = 0.0,
     max_evals: int = MAX_EVALS, rtol: float = HEAD_RTOL,
-    bounds: tuple[float, float] = LOG_BETA_BOUNDS,
+    bounds: tuple[float, float] = LOG_BETA_BOUNDS, first: FirstPart | None = None,
 ) -> SearchResult:
     """A single head's gain: one screening evaluation, and the search only where it may matter.
 
@@ -237,17 +268,25 @@ def screened_search(
     second basin behind the rise shows. Below it the head's gain is negligible: the screen's
     figure (``estimated``: the model's minimum, or a point seen where that is lower; below the
     floor). The reported curvature is the screen's secant. Blind spot (measured in
-    docs/attribution.md): a deeper basin uphill of x = 0 on a head the screen does not flag."""
+    docs/attribution.md): a deeper basin uphill of x = 0 on a head the screen does not flag.
+
+    ``first``: the screen's evaluation is made on the first part of the windows first. Where the
+    same model through that part's f0, g0 and loss at xs promises under ``SCREEN_STOP * floor``
+    the screen ends there (``estimated``; the part's figure: its promise as the gain, its
+    secant as the curvature). Elsewhere ``first.complete`` gives the loss on all windows at xs
+    and the screen goes on as without ``first``: a head that is not stopped gets the same
+    figures, bit for bit."""
     lo, hi = bounds
     xb = (hi if g0 < 0 else lo) * SCREEN_POINT / hi
-    fb = f(xb)
-    h = _secant(f0, g0, xb, fb)
-    x, best = (xb, fb) if fb < f0 else (0.0, f0)
-    # the quadratic model's minimum over [lo, hi]: its vertex, or the downhill bound (h <= 0)
-    xv = min(hi, max(lo, -g0 / h)) if h > 0 else (hi if g0 < 0 else lo)
-    fv = f0 + g0 * xv + 0.5 * h * xv * xv
-    if fv < best:
-        x, best = xv, fv
+    if first is not None:
+        fp = first.f(xb)
+        xp, bp, hp = _screen_model(first.f0, first.g0, xb, fp, bounds)
+        if not max(abs(fp - first.f0), abs(first.g0 * xb)) >= SCREEN_STOP * floor:
+            return SearchResult(xp, f0 - (first.f0 - bp), f0, g0, hp, 1, xp in (lo, hi), True)
+        fb = first.complete(xb)
+    else:
+        fb = f(xb)
+    x, best, h = _screen_model(f0, g0, xb, fb, bounds)
     seen: dict[float, float] = {xb: fb}
     if fb > f0 and f0 - best >= 0.5 * floor * SCREEN_FLAG:
         # near the threshold, and the loss turns back up before xs: a second basin behind that
@@ -284,7 +323,10 @@ def describe_attribution(windows: int, heads: str) -> dict:
                   f"safeguarded parabolic interpolation on log beta in [{lo:g}, {hi:g}] (xtol "
                   f"{XTOL:g}), then both bounds checked; lm_head after a 13-point scan",
         "heads": {
-            "screen": f"screen: the loss at -sign(g) * {SCREEN_POINT:g}; where it or the quadratic "
+            "screen": f"screen: the loss at -sign(g) * {SCREEN_POINT:g}, on the first half of the "
+                      "windows first (a head whose quadratic model there promises under "
+                      f"{SCREEN_STOP:g} x the floor stops with that half's figure), then on all; "
+                      "where it or the quadratic "
                       f"model through it and the slope promises {SCREEN_FLAG:g} x the floor "
                       "(HEAD_GAIN_FLOOR x L), the search from the model's minimum (gain to "
                       f"{HEAD_RTOL:g} relative, both bounds checked, a minimum on a bound checked "
