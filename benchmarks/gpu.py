@@ -3,15 +3,19 @@
 Random-init GPT-NeoX models of Pythia shapes (``PYTHIA_SHAPES``), bf16, batch 8 x 2048,
 forward only, no padding. Three modes per shape, measured in the same run:
 
-* ``sdpa``        the plain model (transformers' sdpa attention), no peakprobe;
-* ``probed``      under ``attach`` with ``backend="auto"`` (the Triton kernel on CUDA);
-* ``probed_torch`` under ``attach`` with ``backend="torch"`` (the chunked torch path).
+* ``sdpa``          the plain model (transformers' sdpa attention), no peakprobe;
+* ``probed``        under ``attach`` with the defaults (``backend="auto"``: the torch path,
+  query-row and LM-head blocks sized on the GPU by ``hooks.interface.GPU_BLOCK_ELEMENTS``);
+* ``probed_triton`` ``backend="triton"`` (the kernel for the base metrics, the torch path for
+  the rest), default blocks;
+* ``torch_cN``      the torch path with N query rows per block (``--chunks``);
+* ``probed_2^E``    the defaults with a GPU block budget of 2^E elements (``--gpu-blocks``).
 
 Probed modes call the model directly (attention statistics + LM-head statistics, lm_chunk
 token positions per LM-head block), not ``run_batch`` (its loss would add a float32 copy of the
 logits). Prints a table with ratios against sdpa (targets: probed >= 0.6x sdpa tokens/s, peak
-memory within 10%), the largest relative difference between the two probed modes' attention
-statistics, and an attention-only comparison: one layer's ``scaled_dot_product_attention``
+memory within 10%), the largest relative difference between the kernel's and the default's
+attention statistics, and an attention-only comparison: one layer's ``scaled_dot_product_attention``
 against the kernel and the torch path on the same q/k. ``--sweep`` also times the kernel
 under several launch configurations. ``--json`` writes everything.
 
@@ -38,7 +42,8 @@ import transformers
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
 from peakprobe.checkpoints_index import PYTHIA_SHAPES, ModelShape
-from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.hooks import ProbeConfig, attach, interface
+from peakprobe.hooks.interface import block_rows
 from peakprobe.probes import MaskSpec, attention_head_sums
 
 try:
@@ -102,8 +107,9 @@ def measure(
     return per_call, peak
 
 
-def model_modes(model, ids, lm_chunk: int, device, warmup: int, iters: int, progress: bool):
-    """Time the three modes on one model; return (rows, max relative attention-stat diff)."""
+def model_modes(model, ids, lm_chunk: int, chunks: list[int], blocks: list[int], device,
+                warmup: int, iters: int, progress: bool):
+    """Time the modes on one model; return (rows, max relative attention-stat diff)."""
     n_tok = ids.numel()
     rows, frames = [], {}
 
@@ -111,20 +117,26 @@ def model_modes(model, ids, lm_chunk: int, device, warmup: int, iters: int, prog
         with torch.no_grad():
             model(input_ids=ids, use_cache=False)
 
-    modes = [("sdpa", None)]
+    modes = [("sdpa", None, None, None), ("probed", "auto", None, None)]
     if kernel_runs(device):
-        modes.append(("probed", "auto" if device.type == "cuda" else "triton"))
-    modes.append(("probed_torch", "torch"))
-    for name, backend in modes:
+        modes.append(("probed_triton", "triton", None, None))
+    modes += [(f"torch_c{c}", "torch", c, None) for c in chunks]
+    modes += [(f"probed_2^{e}", "auto", None, e) for e in blocks]
+    default_block = interface.GPU_BLOCK_ELEMENTS
+    for name, backend, chunk, block in modes:
         if progress:
             print(f"  {name} ...", file=sys.stderr, flush=True)
         if backend is None:
             sec, peak = measure(plain, device, warmup, iters)
         else:
-            cfg = ProbeConfig(backend=backend, lm_chunk=lm_chunk, chunk=64)  # 64-row GPU blocks
-            with attach(model, cfg) as probe:
-                sec, peak = measure(plain, device, warmup, iters)
-                df = probe.to_frame()
+            cfg = ProbeConfig(backend=backend, lm_chunk=lm_chunk, chunk=chunk)
+            interface.GPU_BLOCK_ELEMENTS = default_block if block is None else 1 << block
+            try:
+                with attach(model, cfg) as probe:
+                    sec, peak = measure(plain, device, warmup, iters)
+                    df = probe.to_frame()
+            finally:
+                interface.GPU_BLOCK_ELEMENTS = default_block
             frames[name] = df[df.site_kind == "attn"].reset_index(drop=True)
         rows.append({"mode": name, "tokens_per_s": n_tok / sec, "ms_per_forward": 1e3 * sec,
                      "peak_gib": peak})  # fmt: skip
@@ -135,8 +147,8 @@ def model_modes(model, ids, lm_chunk: int, device, warmup: int, iters: int, prog
             row["peak_gib"] / base["peak_gib"] if row["peak_gib"] and base["peak_gib"] else None
         )
     diff = None
-    if "probed" in frames:
-        a, b = frames["probed"]["value"], frames["probed_torch"]["value"]
+    if "probed_triton" in frames:
+        a, b = frames["probed_triton"]["value"], frames["probed"]["value"]
         diff = float(((a - b).abs() / b.abs().clip(lower=1e-12)).max())
     return rows, diff
 
@@ -151,7 +163,8 @@ def attention_only(shape: ModelShape, batch: int, seq: int, dtype, device, warmu
     fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
     if kernel_runs(device):
         fns["kernel"] = lambda: triton_kernel.attention_head_sums_triton(q, k, **kw)
-    fns["torch_path"] = lambda: attention_head_sums(q, k, **kw)
+    rows = block_rows(None, q, k)
+    fns[f"torch_path (blocks of {rows} rows)"] = lambda: attention_head_sums(q, k, chunk=rows, **kw)
     out = {}
     for name, fn in fns.items():
         out[name] = 1e3 * measure(fn, device, warmup, iters)[0]
@@ -195,8 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=50304)
     parser.add_argument(
-        "--lm-chunk", type=int, default=64, help="LM-head token positions per block"
+        "--lm-chunk", type=int, default=512, help="LM-head token positions per block at most"
     )
+    parser.add_argument("--chunks", default="64,512,1024",
+                        help="query rows per block of the torch_cN modes, comma-separated ('' none)")
+    parser.add_argument("--gpu-blocks", default="",
+                        help="probed_2^E modes: the defaults with GPU_BLOCK_ELEMENTS = 2^E, comma-separated")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, runs on CPU")
@@ -248,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.kernel_only:
             model = build_model(shape, vocab, dtype, device)
             ids = torch.randint(0, vocab, (batch, seq), device=device)
-            rows, diff = model_modes(model, ids, args.lm_chunk, device, warmup, iters, progress)
+            chunks = [int(c) for c in args.chunks.split(",") if c]
+            blocks = [int(e) for e in args.gpu_blocks.split(",") if e]
+            rows, diff = model_modes(model, ids, args.lm_chunk, chunks, blocks, device, warmup,
+                                     iters, progress)
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -274,17 +294,17 @@ def main(argv: list[str] | None = None) -> int:
 def print_table(report: dict) -> None:
     print(f"{report['device']}  {report['dtype']}  batch {report['batch']} x {report['seq']}  "
           f"lm_chunk {report['lm_chunk']}  ({report['date']})")  # fmt: skip
-    print(f"{'shape':<8} {'mode':<13} {'tok/s':>11} {'x sdpa':>7} {'peak GiB':>9} {'mem x':>6}")
+    print(f"{'shape':<8} {'mode':<14} {'tok/s':>11} {'x sdpa':>7} {'peak GiB':>9} {'mem x':>6}")
     for size, entry in report["shapes"].items():
         for r in entry["modes"]:
             peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "-"
             mem = f"{r['memory_vs_sdpa']:.2f}" if r["memory_vs_sdpa"] is not None else "-"
-            print(f"{size:<8} {r['mode']:<13} {r['tokens_per_s']:>11,.0f} "
+            print(f"{size:<8} {r['mode']:<14} {r['tokens_per_s']:>11,.0f} "
                   f"{r['speed_vs_sdpa']:>7.2f} {peak:>9} {mem:>6}")  # fmt: skip
         att = "  ".join(f"{k} {v:.2f} ms" for k, v in entry["attention_ms"].items())
         print(f"{'':<8} one layer's attention: {att}")
         if entry["max_rel_diff_probed_vs_torch"] is not None:
-            print(f"{'':<8} max rel diff of attention stats, probed vs torch path: "
+            print(f"{'':<8} max rel diff of attention stats, kernel vs default: "
                   f"{entry['max_rel_diff_probed_vs_torch']:.2e}")  # fmt: skip
         if "meets_targets" in entry:
             print(f"{'':<8} targets (>= {TARGET_SPEED}x sdpa, memory <= {TARGET_MEMORY}x): "

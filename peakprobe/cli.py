@@ -105,7 +105,8 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--allow-pickle", action="store_true", help="accept pickle (.bin) weights")
     m.add_argument("--trust-remote-code", action="store_true")
     m.add_argument("--chunk", type=int, default=d(ProbeConfig, "chunk"),
-                   help="query rows per logits block (default %(default)s, fastest on CPU)")
+                   help="query rows per logits block (default: 32 on CPU, the fastest there; "
+                   "on a GPU sized to a block of 2^25 logits)")
     m.add_argument("--stats-dtype", choices=STATS_DTYPES, default=d(ProbeConfig, "dtype"))
     m.add_argument("--no-sensitivity", action="store_true",
                    help="skip the attribution (d loss / d log beta, curvature, optimal-temperature gain "
@@ -119,8 +120,8 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                    "search (every head, to xtol), estimate (the local quadratic estimate alone), "
                    "off (sensitivity only)")
     m.add_argument("--backend", choices=BACKENDS, default=d(ProbeConfig, "backend"),
-                   help="statistics path: auto (default: the Triton kernel on CUDA when installed, "
-                   "else torch), torch, compile (torch.compile fuses each block's passes: faster "
+                   help="statistics path: auto (default: torch; the Triton kernel covers only the "
+                   "base metrics, so it adds to the torch path's time), torch, compile (torch.compile fuses each block's passes: faster "
                    "on long sweeps, one-off compile of minutes on CPU, needs a C++ compiler), triton")
     m.add_argument("--fused-attention", action="store_true",
                    help="compute attention outputs from the probe's own scores (QK^T once; outputs "

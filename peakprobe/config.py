@@ -27,7 +27,9 @@ class ConfigError(ValueError):
 class ProbeConfig:
     """What to measure and how.
 
-    chunk: query rows per block of attention logits (memory is O(chunk x T) per head).
+    chunk: query rows per block of attention logits (memory is O(chunk x T) per head); None:
+        32 on CPU (the fastest there), and on a GPU as many as keep one block of logits within
+        ``hooks.interface.GPU_BLOCK_ELEMENTS`` (few large kernels instead of many small ones).
     dtype: precision of the logits and statistics ("float32", or "float64" for exact checks).
     sensitivity: run the attribution (d loss / d log beta, curvature, optimal-temperature gain
         per site; ``peakprobe.hooks.attribution``) when a model is probed over windows
@@ -39,15 +41,16 @@ class ProbeConfig:
         estimate alone, one evaluation), "off" (sensitivity only).
     backend: "torch", "compile" (the torch path with each block's reductions fused by
         ``torch.compile``: fewer passes, a compile of tens of seconds on first use; on CPU it
-        needs a C++ compiler), "triton" (forced; on CPU it needs TRITON_INTERPRET=1) or "auto"
-        (the Triton kernel for CUDA tensors when triton is installed, torch otherwise).
+        needs a C++ compiler), "triton" (the Triton kernel for the base metrics and the torch
+        path for the rest; on CPU it needs TRITON_INTERPRET=1) or "auto" (the torch path: with
+        the rest of the metrics to fill, the kernel adds its time to the torch path's; docs/gpu.md).
     lm_chunk: token positions per block of LM-head logits.
     fused: compute each attention output from the probe's own scores (QK^T once; outputs
         within float rounding of eager attention, not bit-identical to the model's own path).
         Off by default: the model's attention function then runs unchanged.
     """
 
-    chunk: int = 32
+    chunk: int | None = None
     dtype: str = "float32"
     sensitivity: bool = True
     backend: str = "auto"
@@ -57,7 +60,7 @@ class ProbeConfig:
     fused: bool = False
 
     def __post_init__(self) -> None:
-        if self.chunk < 1 or self.lm_chunk < 1:
+        if (self.chunk is not None and self.chunk < 1) or self.lm_chunk < 1:
             raise ConfigError(f"chunks must be >= 1, got {self.chunk} and {self.lm_chunk}")
         if self.dtype not in STATS_DTYPES:
             raise ConfigError(f"statistics dtype must be one of {', '.join(STATS_DTYPES)}, "

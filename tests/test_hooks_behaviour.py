@@ -111,3 +111,17 @@ def test_run_batch_returns_the_mean_next_token_loss_in_both_modes():
     for sensitivity in (False, True):
         with attach(model, ProbeConfig(dtype="float64", sensitivity=sensitivity)) as probe:
             assert probe.run_batch(ids, mask) == pytest.approx(expected, rel=1e-12)
+
+
+def test_attention_blocks_are_sized_per_device():
+    """On CPU the default is CPU_CHUNK rows a block (explicit chunks win everywhere); on a GPU
+    the largest power of two, at least CPU_CHUNK, whose logits fit GPU_BLOCK_ELEMENTS — against
+    a brute-force search over powers of two."""
+    from peakprobe.hooks.interface import CPU_CHUNK, GPU_BLOCK_ELEMENTS, block_rows, gpu_rows
+
+    q, k = torch.zeros(2, 4, 16, 8), torch.zeros(2, 2, 16, 8)
+    assert block_rows(None, q, k) == CPU_CHUNK and block_rows(7, q, k) == 7
+    for b, h, t in [(8, 12, 2048), (8, 16, 2048), (1, 1, 7), (64, 40, 4096), (3, 5, 1000)]:
+        fits = [1 << i for i in range(40) if b * h * t * (1 << i) <= GPU_BLOCK_ELEMENTS]
+        assert gpu_rows(b, h, t) == max([CPU_CHUNK] + fits), (b, h, t)
+    assert gpu_rows(8, 12, 2048) == 128 and gpu_rows(64, 40, 4096) == CPU_CHUNK

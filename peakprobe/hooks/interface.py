@@ -41,6 +41,29 @@ from ..probes.workspace import Workspace
 _names = itertools.count()
 _STATS_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LM_BLOCK_ELEMENTS = 1 << 20  # elements of one block of LM-head logits at most (one row may exceed it)
+CPU_CHUNK = 32  # query rows per attention block on CPU (the fastest there: benchmarks/throughput.py)
+#: elements of one block of logits on a GPU (attention and LM head): few large kernels, since
+#: small blocks leave a GPU waiting on launches (docs/gpu.md)
+GPU_BLOCK_ELEMENTS = 1 << 25
+
+
+def block_rows(chunk: int | None, query: torch.Tensor, key: torch.Tensor) -> int:
+    """Query rows per attention block: ``chunk`` if given; else CPU_CHUNK on CPU, and on a GPU
+    the largest power of two (at least CPU_CHUNK) whose (B, H, rows, Tk) block of logits stays
+    within GPU_BLOCK_ELEMENTS."""
+    if chunk is not None:
+        return chunk
+    if not query.is_cuda:
+        return CPU_CHUNK
+    return gpu_rows(query.shape[0], query.shape[1], key.shape[2])
+
+
+def gpu_rows(batch: int, heads: int, keys: int, budget: int | None = None) -> int:
+    """The largest power of two, at least CPU_CHUNK, with batch x heads x rows x keys <= budget
+    (GPU_BLOCK_ELEMENTS by default)."""
+    budget = GPU_BLOCK_ELEMENTS if budget is None else budget
+    rows = max(1, budget // max(1, batch * heads * keys))
+    return max(CPU_CHUNK, 1 << (rows.bit_length() - 1))
 
 
 class UnsupportedModelError(ValueError):
@@ -116,9 +139,9 @@ class Probe:
         if self._compiled:
             self._sums_fn = functools.partial(attention_head_sums, compiled=True)
             _check_compile(_STATS_DTYPES[config.dtype])
-        if config.backend == "triton" or config.backend == "auto":
+        if config.backend == "triton":
             fast = _triton_sums()
-            if config.backend == "triton" and fast is None:
+            if fast is None:
                 raise ValueError("backend='triton' needs the triton package (pip install triton)")
             self._fast_sums = fast
         else:
@@ -149,15 +172,17 @@ class Probe:
         if self.config.fused and not torch.is_grad_enabled() and value is not None:
             fused_out, metrics, sums, counts = attention_forward_with_sums(
                 query.detach(), key.detach(), value.detach(), row_valid=row_valid,
-                chunk=self.config.chunk, dtype=_STATS_DTYPES[self.config.dtype], work=self._work,
+                chunk=block_rows(self.config.chunk, query, key), dtype=_STATS_DTYPES[self.config.dtype],
+                work=self._work,
                 **stats_kw,
             )  # fmt: skip
         else:
             sums_fn = functools.partial(self._sums_fn, work=self._work)
-            if self._fast_sums is not None and (query.is_cuda or self.config.backend == "triton"):
+            if self._fast_sums is not None:
                 sums_fn = self._fast_sums
             metrics, sums, counts = sums_fn(
-                query.detach(), key.detach(), row_valid=row_valid, chunk=self.config.chunk,
+                query.detach(), key.detach(), row_valid=row_valid,
+                chunk=block_rows(self.config.chunk, query, key),
                 dtype=_STATS_DTYPES[self.config.dtype], **stats_kw,
             )  # fmt: skip
         self.accumulator.add_sums(SiteGroup("attn", layer), metrics, sums, counts)
@@ -188,7 +213,8 @@ class Probe:
         # stays within LM_BLOCK_ELEMENTS whatever the vocabulary (the size of the attention
         # blocks, so both reuse the same workspace buffers instead of growing them).
         b, v = logits.shape[0], logits.shape[-1]
-        step = max(1, min(self.config.lm_chunk, LM_BLOCK_ELEMENTS // max(1, b * v)))
+        budget = GPU_BLOCK_ELEMENTS if logits.is_cuda else LM_BLOCK_ELEMENTS
+        step = max(1, min(self.config.lm_chunk, budget // max(1, b * v)))
         parts: list[Sums] = []  # per block of positions: (B, C) sums over the vocabulary
         targets = []
         with torch.no_grad():
