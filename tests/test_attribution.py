@@ -646,6 +646,7 @@ def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
     them off and the frame is still identical."""
     from peakprobe.hooks import attribution as attr
     from peakprobe.hooks import beta as beta_module
+    from peakprobe.hooks import tempered as tempered_module
 
     name, _, attn = arch.partition(" ")
     # float32 on the eager paths: HF's eager softmax runs in float32, so a float64 model's fully
@@ -676,7 +677,7 @@ def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
             at_x = reference_loss(model, ids, mask, _head_factors(model, layer, head, math.exp(x)))
             assert _value(spliced, vocab.ATTN, layer, head, vocab.GAIN) == pytest.approx(f0 - at_x, abs=1e-9)
 
-    monkeypatch.setattr(attr.Tempered, "_one_head_only", lambda self, *a: None)
+    monkeypatch.setattr(tempered_module.Tempered, "_one_head_only", lambda self, *a: None)
     whole = attribute(model, batches, heads="search")
     pd.testing.assert_frame_equal(spliced, whole, check_exact=True)
     monkeypatch.undo()
@@ -692,7 +693,7 @@ def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
         raise TypeError("this attention function takes no one-head call")
 
     for planted in (wrong_kv, raising):
-        monkeypatch.setattr(attr, "one_head", planted)
+        monkeypatch.setattr(tempered_module, "one_head", planted)
         counts.clear()
         refused = attribute(model, batches, heads="search")
         n_spliced, checked = counts[-1]

@@ -13,7 +13,9 @@ fixed, L(x) is the mean next-token cross-entropy over the attribution windows. P
   together. Single heads (``heads``): ``"screen"`` (default) one evaluation half way to the
   downhill bound, and a search (gain to 2%) only for the heads where it, or the quadratic model
   through it, allows half of ``vocab.HEAD_GAIN_FLOOR`` x L (the screen's figure for the others,
-  below the floor; ``search.screened_search``); ``"search"`` the groups' search for every
+  below the floor; ``search.screened_search``; its evaluation is made on the first half of the
+  windows first, which alone ends the screen of a head that barely moves that half's loss:
+  ``search.FirstPart``, the runner's two parts); ``"search"`` the groups' search for every
   head; ``"estimate"`` the local quadratic estimate g^2 / (2h) from one evaluation (NaN where
   h <= 0); ``"off"`` the sensitivity only.
 
@@ -28,196 +30,25 @@ beta = 1 outputs of its layer (recorded by the same pass) and recomputes that he
 alone, where one-head calls reproduce the recorded output bit for bit (checked once a layer,
 every head; otherwise that layer computes every head). Everything reaches the softmaxes
 through one function registered with transformers' ``AttentionInterface`` (with the original
-mask function), and ``tempered`` restores the model on exit.
+mask function), and ``tempered`` (its own module) restores the model on exit.
 """
 
 from __future__ import annotations
 
-import itertools
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import vocab
-from .beta import attention_with_beta, one_head, real_module
 from .search import FirstPart, SearchResult, minimize_log_beta, quadratic_estimate, screened_search
+from .tempered import Tempered, cached_below, decoder_layers, outer_blocks, recording, tempered
 
-_names = itertools.count()
 LM_SCAN = tuple(x / 2 for x in range(-6, 7))  # log beta -3 .. 3: the LM head's loss is cheap
 GROUP_EVALS = 12  # loss evaluations at most per search
 HEAD_MODES = ("screen", "estimate", "search", "off")
 Batch = tuple[torch.Tensor, torch.Tensor | None]
-
-
-class Tempered:
-    """The model under a per-layer, per-head beta. Use through ``tempered``."""
-
-    def __init__(self, model: torch.nn.Module, delegate: Callable | None):
-        self.model = model
-        self._delegate = delegate  # original attention function; None = the module's own eager
-        self.betas: dict[int, torch.Tensor] = {}  # layer -> (H,) beta; absent = untouched
-        self.log_betas: dict[int, torch.Tensor] | None = None  # set: fresh grad leaves per call
-        self.attention_modules: dict[int, torch.nn.Module] = {}
-        self.n_heads: dict[int, int] = {}
-        self._ids: dict[int, int] = {}
-        self.record: dict[int, torch.Tensor] | None = None  # set: each layer's output lands here
-        self.cached: dict[int, torch.Tensor] = {}  # layer -> its (B, T, H, D) output at beta = 1
-        self.checked: dict[int, bool] = {}  # layer -> one-head calls reproduce ``cached``
-        self.spliced = 0  # single-head calls answered from ``cached`` (counted for the tests)
-
-    def _layer(self, module) -> int:
-        idx = getattr(module, "layer_idx", None)
-        if idx is None:
-            idx = self._ids.setdefault(id(module), len(self._ids))
-        return int(idx)
-
-    def _original(self, module, query, key, value, attention_mask, **kwargs):
-        if self._delegate is not None:
-            return self._delegate(module, query, key, value, attention_mask, **kwargs)
-        owner = type(real_module(module))
-        eager = getattr(sys.modules[owner.__module__], "eager_attention_forward", None)
-        if eager is None:
-            raise ValueError(f"{owner.__name__} has no eager_attention_forward to delegate to")
-        return eager(module, query, key, value, attention_mask, **kwargs)
-
-    def _one_head_only(self, layer, module, query, key, value, attention_mask, beta, kwargs):
-        """Where only one head's beta differs from 1: the beta = 1 output of this layer with that
-        head's output computed again (B, T, H, D), or None (no cache, or the one-head calls do
-        not reproduce it bit for bit at beta = 1; checked once a layer, for every head)."""
-        cached = self.cached.get(layer)
-        if cached is None:
-            return None
-        changed = torch.nonzero(beta != 1)
-        if changed.numel() != 1:
-            return None
-        b, n, t = query.shape[:3]
-        if cached.shape[:3] != (b, t, n):
-            return None
-        if layer not in self.checked:
-            ones = torch.ones(1, dtype=beta.dtype, device=beta.device)
-            try:  # an attention function that cannot take a one-head call: every head, as before
-                outs = [one_head(self._original, module, query, key, value, attention_mask, h, ones,
-                                 **kwargs) for h in range(n)]
-            except Exception:
-                outs = [None]
-            self.checked[layer] = all(o is not None and torch.equal(o, cached[:, :, h : h + 1])
-                                      for h, o in enumerate(outs))
-        if not self.checked[layer]:
-            return None
-        head = int(changed)
-        one = one_head(self._original, module, query, key, value, attention_mask, head, beta[head], **kwargs)
-        out = cached.clone()
-        out[:, :, head : head + 1] = one
-        self.spliced += 1
-        return out
-
-    def attention(self, module, query, key, value, attention_mask, **kwargs):
-        layer = self._layer(module)
-        self.attention_modules[layer] = module
-        self.n_heads[layer] = query.shape[1]
-        if self.log_betas is not None:
-            lb = torch.zeros(query.shape[1], dtype=query.dtype, device=query.device, requires_grad=True)
-            self.log_betas[layer] = lb
-            beta = torch.exp(lb)
-        else:
-            beta = self.betas.get(layer)
-        if beta is None:
-            out = self._original(module, query, key, value, attention_mask, **kwargs)
-        elif (spliced := self._one_head_only(layer, module, query, key, value, attention_mask,
-                                             beta.to(query.device), kwargs)) is not None:
-            return spliced, None
-        else:
-            out = attention_with_beta(self._original, module, query, key, value, attention_mask,
-                                      beta.to(query.device), **kwargs)
-        if self.record is not None:
-            self.record[layer] = out[0].detach()
-        return out
-
-
-@contextmanager
-def tempered(model: torch.nn.Module) -> Iterator[Tempered]:
-    """Route every attention call of ``model`` through ``Tempered.attention``; restore on exit."""
-    original = model.config._attn_implementation or "eager"
-    delegate = None if original == "eager" else ALL_ATTENTION_FUNCTIONS[original]
-    state = Tempered(model, delegate)
-    name = f"peakprobe_beta_{next(_names)}"
-    AttentionInterface.register(name, state.attention)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
-    try:
-        model.set_attn_implementation(name)
-        yield state
-    finally:
-        if model.config._attn_implementation == name:
-            model.set_attn_implementation(original)
-        AttentionInterface._global_mapping.pop(name, None)
-        AttentionMaskInterface._global_mapping.pop(name, None)
-        state.model = None
-
-
-def decoder_layers(model: torch.nn.Module, attention: dict[int, torch.nn.Module]) -> list | None:
-    """The ModuleList whose block i contains the attention module of layer i, or None."""
-    n = len(attention)
-    if n == 0 or sorted(attention) != list(range(n)):
-        return None
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) == n:
-            if all(any(m is attention[i] for m in block.modules()) for i, block in enumerate(mod)):
-                return list(mod)
-    return None
-
-
-def _outer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The blocks of every ModuleList not nested in another's block (the decoder layers are
-    among them; a mixture of experts' list inside a layer is not)."""
-    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)]
-    outer = [m for name, m in lists
-             if not any(name.startswith(other + ".") for other, _ in lists if other != name)]
-    return [block for m in outer for block in m]
-
-
-@contextmanager
-def _cached_below(layers: Sequence[torch.nn.Module], outputs: Sequence, stop: int) -> Iterator[None]:
-    """Blocks below ``stop`` answer with their cached outputs instead of computing them."""
-    saved = []
-    try:
-        for block, out in zip(layers[:stop], outputs[:stop], strict=True):
-            saved.append((block, block.__dict__.get("forward")))
-            block.forward = lambda *a, _out=out, **k: _out
-        yield
-    finally:
-        for block, previous in saved:
-            if previous is None:
-                del block.forward
-            else:
-                block.forward = previous
-
-
-def _detached(out):
-    if isinstance(out, torch.Tensor):
-        return out.detach()
-    if type(out) in (tuple, list):
-        return type(out)(_detached(o) for o in out)
-    return out
-
-
-@contextmanager
-def _recording(blocks: Sequence[torch.nn.Module]) -> Iterator[dict[int, object]]:
-    """Record each block's (detached) output, keyed by id(block), while inside."""
-    outs: dict[int, object] = {}
-    handles = [b.register_forward_hook(lambda m, _a, out: outs.__setitem__(id(m), _detached(out)))
-               for b in blocks]
-    try:
-        yield outs
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _targets(ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -314,7 +145,7 @@ class _Runner:
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             p.requires_grad_(False)
-        blocks = _outer_blocks(self.model)
+        blocks = outer_blocks(self.model)
         self.part_loss0, self.part_grads = [0.0] * len(self.parts), [{} for _ in self.parts]
         try:
             with torch.enable_grad():
@@ -323,7 +154,7 @@ class _Runner:
                     for b in part:
                         ids, mask = self.batches[b]
                         self.state.log_betas, self.state.record = {}, {}
-                        with _recording(blocks) as outs:
+                        with recording(blocks) as outs:
                             logits = self._forward(ids, mask)
                         self.attn_outputs.append(self.state.record)
                         self.state.record = None
@@ -374,7 +205,7 @@ class _Runner:
             for b in part:
                 ids, mask = self.batches[b]
                 self.state.record = {} if self.layers is not None else None
-                with _recording(self.layers or []) as outs:
+                with recording(self.layers or []) as outs:
                     logits = self._forward(ids, mask)
                 self.attn_outputs.append(self.state.record or {})
                 self.state.record = None
@@ -407,7 +238,7 @@ class _Runner:
                 if splice:
                     self.state.cached, self.state.checked = self.attn_outputs[b], self._checked[b]
                 if self.layers is not None and start > 0:
-                    with _cached_below(self.layers, self.outputs[b], start):
+                    with cached_below(self.layers, self.outputs[b], start):
                         logits = self._forward(ids, mask)
                 else:
                     logits = self._forward(ids, mask)
@@ -434,9 +265,10 @@ class _Runner:
             return sums[x] / self.part_tokens[0]
 
         def full(x: float) -> float:
-            first = sums.pop(x) if x in sums else self.part_sum(betas(x), start, 0)
+            if x not in sums:
+                return self.loss(betas(x), start)
             rest = sum(self.part_sum(betas(x), start, k) for k in range(1, len(self.parts)))
-            return (first + rest) / self.n_tokens
+            return (sums.pop(x) + rest) / self.n_tokens
 
         if len(self.parts) < 2 or min(self.part_tokens) == 0:
             return full, None
