@@ -35,8 +35,9 @@ class ProbeConfig:
         per site; ``peakprobe.hooks.attribution``) when a model is probed over windows
         (``sweep.probe_model``); ``attach`` itself never does.
     attribution_windows: the first N evaluation windows the attribution runs on (0 = off).
-    attribution_heads: single heads' gains: "screen" (one loss evaluation a head, and a search
-        to about 2% for the heads whose gain may reach ``vocab.HEAD_GAIN_FLOOR`` of the loss),
+    attribution_heads: single heads' gains: "screen" (one loss evaluation a head, made on the
+        first half of the windows first, and a search to about 2% for the heads whose gain may
+        reach ``vocab.HEAD_GAIN_FLOOR`` of the loss),
         "search" (the 1-D search for every head, to xtol), "estimate" (the local quadratic
         estimate alone, one evaluation), "off" (sensitivity only).
     backend: "torch", "compile" (the torch path with each block's reductions fused by
