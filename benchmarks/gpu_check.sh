@@ -71,7 +71,7 @@ bench=$?
 cat "$OUT/bench.txt" | grep -v '^  ' || true
 step benchmark "$bench"
 
-# 4. the attribution's cost against the forward-only sweep, on the GPU (float32, kernel probes)
+# 4. the attribution's cost against the forward-only sweep, on the GPU (float32, default probes)
 timeout 100 "$PY" benchmarks/sweep_cost.py --size 160m --device cuda --backend auto --rounds 2 \
   > "$OUT/cost.txt" 2>&1
 step cost $?

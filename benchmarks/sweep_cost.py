@@ -16,7 +16,7 @@ seconds and its ratio to the same round's baseline (median, and the range over r
 
 ``--size`` builds a random-init GPT-NeoX of a Pythia shape (vocab 50304) instead, and
 ``--device cuda`` runs everything on a GPU (float32; the probes' backend ``--backend``, e.g.
-``auto`` for the Triton kernel): the cost where evaluations are cheap and launches are not.
+``auto``, the default path, or ``triton``): the cost where evaluations are cheap and launches are not.
 
     python benchmarks/sweep_cost.py [--rounds 3] [--windows 64] [--length 1024] [--every-head]
         [--attribution-windows 4] [--size 160m] [--device cuda] [--backend auto]

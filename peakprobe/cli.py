@@ -121,8 +121,9 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
                    "off (sensitivity only)")
     m.add_argument("--backend", choices=BACKENDS, default=d(ProbeConfig, "backend"),
                    help="statistics path: auto (default: torch; the Triton kernel covers only the "
-                   "base metrics, so it adds to the torch path's time), torch, compile (torch.compile fuses each block's passes: faster "
-                   "on long sweeps, one-off compile of minutes on CPU, needs a C++ compiler), triton")
+                   "base metrics, so it adds to the torch path's time), torch, compile "
+                   "(torch.compile fuses each block's passes: faster on long sweeps, one-off "
+                   "compile of minutes on CPU, needs a C++ compiler), triton")
     m.add_argument("--fused-attention", action="store_true",
                    help="compute attention outputs from the probe's own scores (QK^T once; outputs "
                    "within rounding of eager, not bit-identical; off by default)")
