@@ -28,8 +28,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from peakprobe import corpus
+from peakprobe.attribution.tempered import tempered
 from peakprobe.data import load_eval_data
-from peakprobe.hooks.tempered import tempered
 
 # log beta: step 0.01 within 0.3 of beta = 1 (small gains have their minimum there), 0.1 beyond
 GRID = np.unique(np.round(np.concatenate([np.linspace(-0.3, 0.3, 61), np.linspace(-1.5, 1.5, 31)]), 6))

@@ -52,7 +52,7 @@ def main() -> None:
     cfg = dataclasses.replace(TinyLMConfig(), steps=args.steps)
     tokenizer = corpus.build_tokenizer(model_max_length=max(2048, cfg.seq_len))
     data = load_eval_data("embedded", tokenizer, n_windows=args.windows, window=cfg.seq_len)
-    sweep_cfg = dataclasses.replace(live_config(sensitivity=not args.no_sensitivity), batch_size=8)
+    sweep_cfg = dataclasses.replace(live_config(attribution=not args.no_sensitivity), batch_size=8)
     print(f"tiny LM: {cfg.steps} updates, {cfg.n_layers} layers x {cfg.n_heads} heads, batch "
           f"{cfg.batch_size} x {cfg.seq_len} tokens, {args.threads} thread(s)")
     rounds = []  # (plain (wall, cpu), live (wall, cpu), probe seconds)

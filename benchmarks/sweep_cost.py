@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
+from peakprobe.checkpoint import probe_model
 from peakprobe.checkpoints_index import PYTHIA_SHAPES
+from peakprobe.config import AttributionConfig, ProbeConfig, SweepConfig
 from peakprobe.data import DEFAULT_WINDOW, EvalData, token_hash
-from peakprobe.hooks import ProbeConfig
-from peakprobe.sweep import SweepConfig, probe_model
 
 
 def _seconds(fn) -> float:
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=DEFAULT_WINDOW)
     parser.add_argument("--every-head", action="store_true", help="also time every head searched")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--attribution-windows", type=int, default=ProbeConfig().attribution_windows)
+    parser.add_argument("--attribution-windows", type=int, default=AttributionConfig().windows)
     parser.add_argument("--size", choices=tuple(PYTHIA_SHAPES), default=None,
                         help="a Pythia shape instead of the CPU benchmark model")
     parser.add_argument("--device", default="cpu")
@@ -69,22 +69,20 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.randint(0, vocab, (args.windows, args.length))
     data = EvalData(ids, torch.ones_like(ids), "random", token_hash(ids))
 
-    def run(probe: ProbeConfig):
-        return lambda: probe_model(model, data, SweepConfig(batch_size=args.batch, probe=probe))
-
     be = args.backend
-    plain = ProbeConfig(sensitivity=False, backend=be)
-    full = ProbeConfig(backend=be, attribution_windows=args.attribution_windows)
-    groups = ProbeConfig(backend=be, attribution_windows=args.attribution_windows,
-                         attribution_heads="off")
-    every = ProbeConfig(backend=be, attribution_windows=args.attribution_windows,
-                        attribution_heads="search")
+
+    def run(**attribution):
+        config = SweepConfig(batch_size=args.batch, probe=ProbeConfig(backend=be),
+                             attribution=AttributionConfig(windows=args.attribution_windows, **attribution))
+        return lambda: probe_model(model, data, config)
+
+    plain, full, groups, every = {"enabled": False}, {}, {"heads": "off"}, {"heads": "search"}
     variants = [
-        ("forward-only sweep (baseline)", run(plain)),
-        ("sweep + default attribution", run(full)),
-        ("sweep + attribution without head gains", run(groups)),
-    ] + ([("sweep + attribution, every head searched", run(every))] if args.every_head else [])
-    run(plain)()  # warm-up
+        ("forward-only sweep (baseline)", run(**plain)),
+        ("sweep + default attribution", run(**full)),
+        ("sweep + attribution without head gains", run(**groups)),
+    ] + ([("sweep + attribution, every head searched", run(**every))] if args.every_head else [])
+    run(**plain)()  # warm-up
     times = np.array([[_seconds(fn) for _, fn in variants] for _ in range(args.rounds)])  # (rounds, variants)
     ratios = times / times[:, :1]
     where = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")

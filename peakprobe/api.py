@@ -1,198 +1,207 @@
-"""The Python API behind the command line, for notebooks: index, sweep, fit, report, run, demo.
+"""The Python API behind the command line, for notebooks and scripts.
 
-Every function here is what the matching ``peakprobe`` subcommand calls, with the same
-defaults. Heavy imports (torch, transformers, matplotlib) happen inside the functions, so
-``import peakprobe`` stays light and free of side effects.
+Every function here is what the matching ``peakprobe`` subcommand calls, with the same defaults
+(the configuration records of ``peakprobe.config``); each returns a typed record. Heavy imports
+(torch, transformers, matplotlib) happen inside the functions, so ``import peakprobe`` stays
+light and free of side effects.
+
+A local run folder (``step<N>/`` or ``checkpoint-<N>/`` save_pretrained folders) end to end::
+
+    import peakprobe
+    from peakprobe.config import DataConfig, FitConfig
+
+    result = peakprobe.run("./my-run", "runs/mine", data=DataConfig(data="eval.txt"))
+    print(result.fits.verdict["bottleneck"]["verdict"])   # attention, lm_head, none, undetermined
+    print(result.report.html)                             # runs/mine/report/report.html
+
+or stage by stage (each reads only what the one before wrote)::
+
+    outcome = peakprobe.sweep("pythia-160m", "runs/p160m", data=DataConfig(data="eval.jsonl"))
+    fits = peakprobe.fit("runs/p160m", FitConfig(t_min_step=1000))
+    paths = peakprobe.report("runs/p160m")
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from .config import CurveConfig, DataConfig, FitConfig, SweepConfig
+
+if TYPE_CHECKING:  # the records the functions return; imported lazily at run time
+    import pandas as pd
+
+    from .checkpoints_index import CheckpointSequence, Selection
+    from .fits import RunFits
+    from .fits.curve import CurveResult
+    from .reports import ReportPaths
+    from .reports.compare import ComparePaths
+    from .sweep import SweepOutcome
 
 
 @dataclass
 class RunResult:
-    """What ``run`` produced: the sweep summary, the fits, and the report's paths."""
+    """What ``run``, ``demo`` and ``planted`` produced: the run directory, the sweep's outcome
+    (or the live run's), the fits and the report's files."""
 
     run_dir: Path
-    sweep: Any
-    fits: Any
-    report: Any
+    sweep: SweepOutcome
+    fits: RunFits
+    report: ReportPaths
 
 
-def _note(text: str) -> None:
-    """A one-line notice about the selection or the schedule: a PeakprobeWarning, which the CLI
-    prints as ``peakprobe: warning: ...`` (hidden by -q) and notebooks show as a warning."""
-    from .checkpoints_index import CheckpointIndexWarning
+@dataclass
+class FitCurveResult:
+    """What ``fit_curve`` produced: the fits of every model, their table, the report's paths."""
 
-    warnings.warn(text, CheckpointIndexWarning, stacklevel=3)
+    result: CurveResult
+    table: pd.DataFrame  # one row per fitted model (also written as fits.csv)
+    report: ComparePaths
 
 
-def _resolve(source: str, schedule: str | None):
+@dataclass
+class ToyResult:
+    """What a toy run wrote: its folder, the ``summary.json`` document, and the text the command
+    line prints (every fitted exponent with its interval and verdict)."""
+
+    out_dir: Path
+    document: dict
+    text: str
+
+
+def _resolve(source: str, schedule: str | None) -> CheckpointSequence:
     from .checkpoints_index import read_schedule_file, resolve, with_schedule
 
     seq = resolve(source)
     return seq if schedule is None else with_schedule(seq, read_schedule_file(schedule))
 
 
-def _available(seq, *, check_hub: bool):
-    """(available sequence, where-words, offline) for ``seq``: the HF cache when offline or when
-    the hub is unreachable and the cache holds some revisions; else everything."""
-    from .checkpoints_index import (
-        OfflineError,
-        cached_refs,
-        check_hub_reachable,
-        offline_requested,
-        restrict_to_cache,
-    )
+def _select(full, found, selection) -> CheckpointSequence:
+    """``select_available`` among what ``available`` found, its note said as a warning."""
+    import warnings
 
-    if all(c.path is not None for c in seq):
-        return seq, "available", False
-    offline = offline_requested()
-    if not offline and check_hub:
-        try:
-            check_hub_reachable(seq.source)
-        except OfflineError:
-            if not cached_refs(seq.source):
-                raise
-            _note(f"the hub is unreachable: using the revisions of {seq.source} in the HF cache")
-            offline = True
-    if offline:
-        cached = restrict_to_cache(seq)
-        if len(cached) or check_hub:
-            return cached, "in the HF cache", True
-        return seq, "available", True  # `index` offline with nothing cached: the built-in table
-    return seq, "on the hub", False
+    from .checkpoints_index import CheckpointIndexWarning, select_available
+
+    seq, note = select_available(full, found.seq, where=found.where, selection=selection,
+                                 complete=not found.offline or full.family == "pythia")
+    if note:
+        warnings.warn(note, CheckpointIndexWarning, stacklevel=3)
+    return seq
 
 
-def index(
-    source: str,
-    *,
-    n: int | None = None,
-    spacing: str = "log",
-    steps: list[int] | None = None,
-    step_range: tuple[int, int] | None = None,
-    revisions: list[str] | None = None,
-    schedule: str | None = None,
-):
+def index(source: str, *, selection: Selection | None = None, schedule: str | None = None
+          ) -> CheckpointSequence:
     """The checkpoints of ``source`` (a family name, hub id or local run folder), optionally a
     subset; offline, the revisions held in the HF cache. ``schedule`` is a schedule file (JSON,
-    CSV or trainer_state.json) that gives tau."""
-    from .checkpoints_index import Selection
+    CSV or trainer_state.json) that gives tau.
+
+    >>> seq = index("pythia-160m", selection=Selection(n=16))   # doctest: +SKIP
+    >>> [c.step for c in seq][:3]                               # doctest: +SKIP
+    [0, 1, 4]
+    """
+    from .checkpoints_index import Selection, available
 
     full = _resolve(source, schedule)
-    available, where, offline = _available(full, check_hub=False)
-    selection = Selection(n, spacing, steps, step_range, revisions)
-    if selection.empty:
-        return available
-    return _select(full, available, where, offline, selection)
-
-
-def _select(full, available, where: str, offline: bool, selection):
-    """``select_available`` with its note said (one line on stderr)."""
-    from .checkpoints_index import select_available
-
-    seq, note = select_available(full, available, where=where, selection=selection,
-                                 complete=not offline or full.family == "pythia")
-    if note:
-        _note(note)
-    return seq
+    found = available(full, check_hub=False)
+    selection = selection or Selection()
+    return found.seq if selection.empty else _select(full, found, selection)
 
 
 def sweep(
     source: str,
     out: str | os.PathLike,
     *,
-    data: str = "embedded",
-    n_windows: int = 64,
-    window: int | None = None,
-    text_field: str = "text",
-    layout: str = "document",
-    tokenizer: str | None = None,
-    n: int | None = None,
-    spacing: str = "log",
-    steps: list[int] | None = None,
-    step_range: tuple[int, int] | None = None,
-    revisions: list[str] | None = None,
+    data: DataConfig | None = None,
+    selection: Selection | None = None,
     schedule: str | None = None,
-    config=None,
+    config: SweepConfig | None = None,
     processes: int = 1,
     shard: tuple[int, int] | str | None = None,
     prune_cache: bool = False,
     force: bool = False,
     progress: bool = True,
     command: str | None = None,
-):
+) -> SweepOutcome:
     """Probe the selected checkpoints of ``source`` on fixed evaluation windows; write ``out``.
 
-    ``config`` is a :class:`peakprobe.sweep.SweepConfig`. Hub revisions come from the HF cache
-    when offline (``HF_HUB_OFFLINE=1``) or when the hub is unreachable; the selection is made
-    among the available revisions, with one line on what is missing. With no selection, Pythia
-    gets the authors' 13 steps plus log-spaced fill (16). ``processes``, ``shard`` (``(K, N)`` or
-    ``"K/N"``) and ``prune_cache`` are those of :func:`peakprobe.sweep.sweep`.
+    Hub revisions come from the HF cache when offline (``HF_HUB_OFFLINE=1``) or when the hub is
+    unreachable; the selection is made among the available revisions, with one warning on what
+    is missing. With no selection, Pythia gets the authors' 13 steps plus log-spaced fill (16).
+    ``processes``, ``shard`` (``(K, N)`` or ``"K/N"``) and ``prune_cache`` are those of
+    :func:`peakprobe.sweep.sweep`.
     """
-    from dataclasses import replace as _replace
+    import warnings
 
-    from .checkpoints_index import Selection
+    from .checkpoint import load_config, load_tokenizer
+    from .checkpoints_index import CheckpointIndexWarning, Selection, available
     from .data import DataError, load_eval_data, window_for
-    from .sweep import SweepConfig, SweepError, load_config, load_tokenizer, parse_shard
+    from .sweep import SweepError, parse_shard
     from .sweep import sweep as run_sweep
 
+    data = data or DataConfig()
     if isinstance(shard, str):
         shard = parse_shard(shard)
     if shard is not None and force:  # checked before anything is read or said
         raise SweepError("--force with --shard would discard the other shards' results; "
                          "remove the run directory first instead")
     full = _resolve(source, schedule)
-    hub = any(c.path is None for c in full)
-    if hub and data == "embedded":
+    if any(c.path is None for c in full) and data.data == "embedded":
         raise DataError(
             f"--data embedded is the demo's synthetic corpus and means nothing to {full.source}: "
             "give real text with --data FILE.txt|FILE.jsonl or --data hf:NAME[:CONFIG]:SPLIT"
         )
-    available, where, offline = _available(full, check_hub=True)
-    seq = _select(full, available, where, offline, Selection(n, spacing, steps, step_range, revisions))
+    found = available(full, check_hub=True)
+    seq = _select(full, found, selection or Selection())
     unknown = [c.revision for c in seq if c.tau is None]
     if unknown:
-        _note(f"tau is unknown for {len(unknown)} of {len(seq)} checkpoints of {seq.name} "
-                        "(no learning-rate schedule): the fits use steps; give --schedule FILE to fix")
+        warnings.warn(f"tau is unknown for {len(unknown)} of {len(seq)} checkpoints of {seq.name} "
+                      "(no learning-rate schedule): the fits use steps; give --schedule FILE to fix",
+                      CheckpointIndexWarning, stacklevel=2)
     config = config or SweepConfig()
-    if offline:
-        config = _replace(config, local_files_only=True)
+    if found.offline:
+        config = replace(config, local_files_only=True)
     first = seq[0]
-    window = window_for(load_config(first.path or seq.source, first.revision, config), window)
-    tok = load_tokenizer(seq, tokenizer, local_files_only=config.local_files_only)
-    eval_data = load_eval_data(data, tok, n_windows=n_windows, window=window,
-                               text_field=text_field, layout=layout)
+    window = window_for(load_config(first.path or seq.source, first.revision, config), data.window)
+    tok = load_tokenizer(seq, data.tokenizer, local_files_only=config.local_files_only)
+    eval_data = load_eval_data(data.data, tok, n_windows=data.n_windows, window=window,
+                               text_field=data.text_field, layout=data.layout)
     return run_sweep(seq, eval_data, Path(out), config, force=force, processes=processes,
                      shard=shard, prune_cache=prune_cache, progress=progress, command=command)
 
 
-def fit(run_dir: str | os.PathLike, **kwargs):
-    """Fit growth and loss laws of a swept run; writes ``fits.parquet`` and ``fits.json``."""
+def fit(run_dir: str | os.PathLike, config: FitConfig | None = None, *, progress: bool = False) -> RunFits:
+    """Fit growth and loss laws of a swept run; writes ``fits.parquet`` and ``fits.json``. A fit
+    without enough points in its window is skipped and listed (``RunFits.skipped``); the others
+    still run.
+
+    >>> fits = fit("runs/mine", FitConfig(band=(0.3, 0.36)))   # doctest: +SKIP
+    >>> fits.verdict["loss"]["verdict"]                        # doctest: +SKIP
+    'inconclusive'
+    """
     from .fits import fit_run
 
-    return fit_run(run_dir, **kwargs)
+    return fit_run(run_dir, config or FitConfig(), progress=progress)
 
 
-def report(run_dir: str | os.PathLike, **kwargs):
+def report(run_dir: str | os.PathLike, *, command: str | None = None) -> ReportPaths:
     """Render ``RUN/report/`` (HTML, tables, JSON, Markdown, figures) from a fitted run."""
     from .reports import render_report
 
-    return render_report(run_dir, **kwargs)
+    return render_report(run_dir, command=command)
 
 
-def run(source: str, out: str | os.PathLike, *, fit_kwargs: dict | None = None, **sweep_kwargs) -> RunResult:
-    """Sweep, fit and report in one call; returns what each stage produced."""
-    summary = sweep(source, out, **sweep_kwargs)
-    fits = fit(out, **(fit_kwargs or {}))
-    paths = report(out, command=sweep_kwargs.get("command"))
-    return RunResult(Path(out), summary, fits, paths)
+def run(source: str, out: str | os.PathLike, *, fit: FitConfig | None = None, **sweep_kwargs) -> RunResult:
+    """Sweep, fit and report in one call (``sweep``'s keyword arguments; ``fit`` the fit's
+    settings); returns what each stage produced. The report is written also when some fit was
+    skipped for lack of points."""
+    outcome = sweep(source, out, **sweep_kwargs)
+    fits = _fit(out, fit, progress=sweep_kwargs.get("progress", True))
+    return RunResult(Path(out), outcome, fits, report(out, command=sweep_kwargs.get("command")))
 
+
+_fit = fit
 
 #: evaluation windows of the full demo's live probes
 DEMO_WINDOWS = 8
@@ -232,16 +241,13 @@ def demo(out: str | os.PathLike = "peakprobe-demo", *, quick: bool = False, prog
         with monitor:
             train_tiny_lm(tiny, cfg, progress=progress, on_step=monitor.on_step, retrain=True)
     fits = fit(run_dir, progress=progress)
-    paths = report(run_dir, command=command)
-    return RunResult(run_dir, monitor.summary(), fits, paths)
+    return RunResult(run_dir, monitor.outcome(), fits, report(run_dir, command=command))
 
 
 def planted(out: str | os.PathLike, task: str, *, quick: bool = False, seed: int = 0,
             steps: int | None = None, progress: bool = True, command: str | None = None) -> RunResult:
     """Train (or reuse) a planted-bottleneck run (``peakprobe.toy.planted``), then sweep, fit and
     report it: ``OUT/checkpoints/``, ``OUT/eval.jsonl``, ``OUT/run/``."""
-    from .hooks import ProbeConfig
-    from .sweep import SweepConfig
     from .toy.planted import PlantedConfig, train_planted, write_eval_jsonl
 
     out = Path(out)
@@ -250,67 +256,66 @@ def planted(out: str | os.PathLike, task: str, *, quick: bool = False, seed: int
     cfg = replace(cfg, model=model)
     checkpoints = train_planted(out / "checkpoints", cfg, progress=progress)
     n_windows = 16 if quick else 64
-    data = write_eval_jsonl(out / "eval.jsonl", cfg, n_seqs=n_windows)
-    return run(
-        str(checkpoints), out / "run", data=str(data), n_windows=n_windows, window=cfg.seq_len,
-        config=SweepConfig(batch_size=16, probe=ProbeConfig(sensitivity=True)), force=False,
-        progress=progress, command=command, fit_kwargs={"progress": progress},
-    )
+    path = write_eval_jsonl(out / "eval.jsonl", cfg, n_seqs=n_windows)
+    return run(str(checkpoints), out / "run", data=DataConfig(data=str(path), n_windows=n_windows,
+                                                              window=cfg.seq_len),
+               config=SweepConfig(batch_size=16), force=False, progress=progress, command=command)
+
+
+def toy_peaked(out: str | os.PathLike, *, optimizer: str = "both", steps: int | None = None,
+               seed: int = 0, progress: bool = True) -> ToyResult:
+    """The peaked-softmax teacher-student toy: train, fit, plot into ``out``."""
+    from .toy import peaked_softmax
+
+    doc = peaked_softmax.cli_peaked(Path(out), optimizer=optimizer, steps=steps, seed=seed,
+                                    progress=progress)
+    return ToyResult(Path(out), doc, peaked_softmax.format_peaked(doc))
+
+
+def toy_linear(out: str | os.PathLike, *, quick: bool = False, seed: int = 0,
+               laws: tuple[str, ...] | None = None, progress: bool = True) -> ToyResult:
+    """The solvable linear self-attention toy: its scaling laws (``laws``, default all) simulated
+    and against the model's reduced dynamics, into ``out``."""
+    from .toy import linear_attention
+
+    doc = linear_attention.cli_linear(Path(out), quick=quick, seed=seed, progress=progress, laws=laws)
+    return ToyResult(Path(out), doc, linear_attention.format_linear(doc))
+
+
 # -- compare and fit_curve: families of runs, external loss curves -------------------------------
-@dataclass
-class FitCurveResult:
-    """What ``fit_curve`` produced: the fits of every model, their table, the report's paths."""
-
-    result: Any  # peakprobe.fits.curve.CurveResult
-    table: Any  # pandas DataFrame, one row per fitted model (also written as fits.csv)
-    report: Any  # peakprobe.reports.compare.ComparePaths
-
-
-def _load_schedule(schedule):
-    if schedule is None or not isinstance(schedule, (str, os.PathLike)):
-        return schedule
-    import json
-
-    from .checkpoints_index import schedule_from_json
-
-    path = Path(schedule)
-    if not path.is_file():
-        raise FileNotFoundError(f"schedule file {path} does not exist")
-    try:
-        obj = json.loads(path.read_text())
-    except ValueError:
-        raise ValueError(f"{path}: not valid JSON") from None
-    return schedule_from_json(obj)
-
-
-def _fit_external(path, *, metric=None, task=None, model=None, allow_metric=False, family=None,
-                  schedule=None, n_params=None, t_min_step=512, t_max_step=None, band=None,
-                  n_boot=1000, seed=0, scan=True):
-    from .fits.curve import fit_curve_models
+def _fit_external(path, fit: FitConfig, curve: CurveConfig, *, model=None, n_params=None) -> CurveResult:
+    from .checkpoints_index import read_schedule_file
+    from .fits.curve import DEFAULT_T_MIN_STEP, fit_curve_models
     from .fits.curve_io import read_curve
-    from .vocab import BAND
 
-    curve = read_curve(path, metric=metric, task=task, model=model, allow_metric=allow_metric)
-    return fit_curve_models(curve, family=family, schedule=_load_schedule(schedule),
-                            n_params=n_params, t_min_step=t_min_step, t_max_step=t_max_step,
-                            band=band or BAND, n_boot=n_boot, seed=seed, scan=scan)
+    data = read_curve(path, metric=curve.metric, task=curve.task, model=model,
+                      allow_metric=curve.allow_metric)
+    schedule = None if curve.schedule is None else read_schedule_file(curve.schedule)
+    start = DEFAULT_T_MIN_STEP if fit.t_min_step is None else fit.t_min_step
+    return fit_curve_models(data, family=curve.family, schedule=schedule, n_params=n_params,
+                            t_min_step=start, t_max_step=fit.t_max_step, band=fit.band,
+                            n_boot=fit.n_boot, seed=fit.seed, scan=curve.scan)
 
 
-def fit_curve(path: str | os.PathLike, *, out: str | os.PathLike | None = None,
-              command: str | None = None, **kwargs) -> FitCurveResult:
+def fit_curve(path: str | os.PathLike, *, out: str | os.PathLike | None = None, model: str | None = None,
+              n_params: float | None = None, fit: FitConfig | None = None,
+              curve: CurveConfig | None = None, command: str | None = None) -> FitCurveResult:
     """The loss-law fit, 1/3 verdict and window scan of an external curve, and its report.
 
-    ``path``: a CSV / JSON / JSONL table or a folder of lm-eval result JSONs. Keyword options:
-    ``metric, task, model, allow_metric, family, schedule`` (a schedule.json path or object),
-    ``n_params, t_min_step`` (default 512), ``t_max_step, band, n_boot, seed, scan``.
-    ``out`` (default ``<stem>-curve``) receives the comparison report of every model in the
-    file plus ``fits.csv``.
+    ``path``: a CSV / JSON / JSONL table or a folder of lm-eval result JSONs; ``fit``: the window
+    (``t_min_step`` default 512), band and bootstrap; ``curve``: how to read it. ``out``
+    (default ``<stem>-curve``) receives the comparison report of every model in the file plus
+    ``fits.csv``.
+
+    >>> res = fit_curve("pythia_lambada.csv", curve=CurveConfig(scan=False))   # doctest: +SKIP
+    >>> [(f.model, f.verdict) for f in res.result.fits][:1]                    # doctest: +SKIP
+    [('pythia-160m', 'inconsistent')]
     """
     from .fits.curve import fits_table
     from .reports.compare import compare_report, members_from_curves
     from .results import write_bytes
 
-    result = _fit_external(path, **kwargs)
+    result = _fit_external(path, fit or FitConfig(), curve or CurveConfig(), model=model, n_params=n_params)
     out = Path(out) if out is not None else Path(f"{Path(path).stem}-curve")
     table = fits_table(result)
     paths = compare_report(members_from_curves(result), out, band=result.band, command=command,
@@ -319,27 +324,24 @@ def fit_curve(path: str | os.PathLike, *, out: str | os.PathLike | None = None,
     return FitCurveResult(result, table, paths)
 
 
-def compare(sources, out: str | os.PathLike, *, band: tuple[float, float] | None = None,
-            n_boot: int = 1000, seed: int = 0, scan: bool = True, command: str | None = None,
-            curve_kwargs: dict | None = None):
+def compare(sources, out: str | os.PathLike, *, fit: FitConfig | None = None,
+            curve: CurveConfig | None = None, command: str | None = None) -> ComparePaths:
     """One comparison report over ``sources``: fitted run directories (with manifest.json) and
-    external curve files or lm-eval folders (fitted here with ``curve_kwargs``; every model of
-    a file is a member). Returns :class:`peakprobe.reports.compare.ComparePaths`."""
+    external curve files or lm-eval folders (fitted here; every model of a file is a member)."""
     from .reports.compare import compare_report, member_from_run, members_from_curves
     from .results import MANIFEST
-    from .vocab import BAND
 
-    band = band or BAND
+    fit, curve = fit or FitConfig(), curve or CurveConfig()
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     members, failed = [], {}
     for src in sources:
         src = Path(src)
         if (src / MANIFEST).exists():
-            members.append(member_from_run(src, band=band, n_boot=n_boot, seed=seed, scan=scan))
+            members.append(member_from_run(src, band=fit.band, n_boot=fit.n_boot, seed=fit.seed,
+                                           scan=curve.scan))
         else:
-            res = _fit_external(src, band=band, n_boot=n_boot, seed=seed, scan=scan,
-                                **(curve_kwargs or {}))
+            res = _fit_external(src, fit, curve)
             members += members_from_curves(res)
             failed.update(res.failed)
-    return compare_report(members, out, band=band, command=command, failed=failed)
+    return compare_report(members, out, band=fit.band, command=command, failed=failed)

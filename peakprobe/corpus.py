@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .vocab import PeakprobeError
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 MARKERS = (".", ",", ":", "=", "copy", "again", "set", "get")
@@ -38,7 +40,7 @@ _NUCLEI = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "", "", "n", "r", "s", "l", "k")
 
 
-class CorpusError(ValueError):
+class CorpusError(PeakprobeError):
     """A corpus argument is out of range."""
 
 

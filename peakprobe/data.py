@@ -14,7 +14,12 @@ and lays them out as ``n_windows`` windows of ``window`` tokens (no special toke
   document per window, truncated to ``window`` tokens and padded on the right; the attention
   mask marks the real tokens. Documents with fewer than 2 tokens are skipped (no next token).
 * ``layout="packed"``: documents tokenized in order, each followed by the eos token,
-  concatenated and cut into consecutive full windows (mask all ones).
+  concatenated and cut into consecutive full windows (mask all ones); every token attends to
+  every earlier token of its window, across document boundaries.
+* ``layout="packed-docs"``: the same windows, with ``position_ids`` restarting at 0 at each
+  document's first token in the window, as ``DataCollatorWithFlattening`` builds them: the
+  model masks attention to the document (its own block-diagonal mask) and the LM head has no
+  target across a boundary, so every statistic is per document.
 
 Nothing is shuffled, so the same inputs always give the same windows. The manifest records the
 layout and ``token_hash``: ``"sha256:"`` + the hex SHA-256 of the tokens as little-endian int64
@@ -39,13 +44,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .vocab import PeakprobeWarning
+from .vocab import DOCUMENT, LAYOUTS, PACKED, PACKED_DOCS, PeakprobeError, PeakprobeWarning
 
 EMBEDDED = "embedded"
 HF_PREFIX = "hf:"
-DOCUMENT = "document"
-PACKED = "packed"
-LAYOUTS = (DOCUMENT, PACKED)
+
 #: the default window (the authors' 1024 tokens), clamped to the model's maximum positions
 DEFAULT_WINDOW = 1024
 #: config attributes that bound the positions a model was built (or trained) for
@@ -53,7 +56,7 @@ _MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_se
 _DOC_CHUNK = 64  # documents tokenized per call
 
 
-class DataError(ValueError):
+class DataError(PeakprobeError):
     """Evaluation data that cannot be loaded or is too short."""
 
 
@@ -67,13 +70,15 @@ def token_hash(input_ids: torch.Tensor) -> str:
 
 @dataclass
 class EvalData:
-    """Fixed evaluation windows: ``input_ids`` and ``attention_mask`` are LongTensor (N, T)."""
+    """Fixed evaluation windows: ``input_ids`` and ``attention_mask`` are LongTensor (N, T);
+    ``position_ids`` (N, T) restart at every packed document (layout ``packed-docs``), else None."""
 
     input_ids: torch.Tensor  # (N, T) int64
     attention_mask: torch.Tensor  # (N, T) int64
     spec: str
     token_hash: str
     layout: str = PACKED
+    position_ids: torch.Tensor | None = None  # (N, T) int64
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2 or self.input_ids.shape != self.attention_mask.shape:
@@ -90,13 +95,21 @@ class EvalData:
     def window(self) -> int:
         return int(self.input_ids.shape[1])
 
-    def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Consecutive (input_ids, attention_mask) slices of at most ``batch_size`` windows."""
+    def batches(self, batch_size: int, n_windows: int | None = None
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
+        """Consecutive (input_ids, attention_mask, position_ids) slices of at most ``batch_size``
+        windows (of the first ``n_windows``, default all). Packed documents come with their
+        position ids and no mask (the model then builds each document's own mask); the other
+        layouts with their mask and no position ids."""
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
-        for start in range(0, self.n_windows, batch_size):
-            stop = start + batch_size
-            yield self.input_ids[start:stop], self.attention_mask[start:stop]  # (b, T), (b, T)
+        n = self.n_windows if n_windows is None else min(n_windows, self.n_windows)
+        for start in range(0, n, batch_size):
+            stop = min(start + batch_size, n)
+            if self.position_ids is not None:
+                yield self.input_ids[start:stop], None, self.position_ids[start:stop]
+            else:
+                yield self.input_ids[start:stop], self.attention_mask[start:stop], None  # (b, T) each
 
     def describe(self) -> dict:
         """The manifest's ``data`` entry."""
@@ -109,6 +122,8 @@ class EvalData:
         }
         if self.layout == DOCUMENT:
             out["mask_hash"] = token_hash(self.attention_mask)
+        if self.position_ids is not None:
+            out["positions_hash"] = token_hash(self.position_ids)
         return out
 
 
@@ -162,16 +177,31 @@ def _embedded_docs(seed: int) -> Iterator[str]:
         start += _DOC_CHUNK
 
 
+def _not_utf8(path: Path, raw: bytes, err: UnicodeDecodeError, line: int | None = None) -> DataError:
+    """The one-line error of a file that is not UTF-8 text: the file, the line and the byte."""
+    line = raw[: err.start].count(b"\n") + 1 if line is None else line
+    return DataError(f"{path}:{line} is not UTF-8 text (byte 0x{raw[err.start]:02x}); "
+                     "save the file as UTF-8")
+
+
 def _text_docs(path: Path) -> Iterator[str]:
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _not_utf8(path, raw, err) from None
     for paragraph in text.replace("\r\n", "\n").split("\n\n"):
         if paragraph.strip():
             yield paragraph
 
 
 def _jsonl_docs(path: Path, text_field: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise _not_utf8(path, raw, err, number) from None
             if not line.strip():
                 continue
             try:
@@ -268,22 +298,24 @@ def load_eval_data(
     docs = _chunks(_documents(spec, text_field, seed), _DOC_CHUNK)
     if layout == DOCUMENT:
         return _document_windows(docs, tokenizer, spec, n_windows, window)
-    return _packed_windows(docs, tokenizer, spec, n_windows, window)
+    return _packed_windows(docs, tokenizer, spec, n_windows, window, documents=layout == PACKED_DOCS)
 
 
 def _encode(tokenizer, chunk: list[str]) -> list[list[int]]:
     return tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]
 
 
-def _packed_windows(docs, tokenizer, spec: str, n_windows: int, window: int) -> EvalData:
+def _packed_windows(docs, tokenizer, spec: str, n_windows: int, window: int, *,
+                    documents: bool = False) -> EvalData:
     need = n_windows * window
     eos = tokenizer.eos_token_id
     ids: list[int] = []
+    pos: list[int] = []  # each token's position in its document
     for chunk in docs:
         for doc_ids in _encode(tokenizer, chunk):
-            ids.extend(doc_ids)
-            if eos is not None:
-                ids.append(eos)
+            doc = list(doc_ids) + ([] if eos is None else [eos])
+            ids.extend(doc)
+            pos.extend(range(len(doc)))
         if len(ids) >= need:
             break
     if not ids:
@@ -296,7 +328,20 @@ def _packed_windows(docs, tokenizer, spec: str, n_windows: int, window: int) -> 
         )
     input_ids = torch.tensor(ids[:need], dtype=torch.long).view(n_windows, window)  # (N, T)
     attention_mask = torch.ones_like(input_ids)  # (N, T)
-    return EvalData(input_ids, attention_mask, spec, token_hash(input_ids), PACKED)
+    if not documents:
+        return EvalData(input_ids, attention_mask, spec, token_hash(input_ids), PACKED)
+    # a document cut by a window boundary starts the next window as a document of its own
+    position_ids = torch.tensor(pos[:need], dtype=torch.long).view(n_windows, window)  # (N, T)
+    position_ids = position_ids - _segment_first(position_ids)
+    return EvalData(input_ids, attention_mask, spec, token_hash(input_ids), PACKED_DOCS, position_ids)
+
+
+def _segment_first(pos: torch.Tensor) -> torch.Tensor:
+    """(N, T): the position id at the start of each token's document segment in its window."""
+    t = pos.shape[1]
+    idx = torch.arange(t).expand_as(pos)
+    start = torch.where((pos == 0) | (idx == 0), idx, torch.zeros_like(idx)).cummax(-1).values
+    return pos.gather(1, start)
 
 
 def _document_windows(docs, tokenizer, spec: str, n_windows: int, window: int) -> EvalData:

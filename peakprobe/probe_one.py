@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from peakprobe import vocab
+
 from .vocab import site_label
 
-COLUMNS = ["logit_std", "peaked", "max_prob", "entropy_norm", "logit_top_gap", "first_key_prob"]
+COLUMNS = [vocab.LOGIT_STD, vocab.PEAKED, vocab.MAX_PROB, vocab.ENTROPY_NORM, vocab.LOGIT_TOP_GAP,
+           vocab.FIRST_KEY_PROB, vocab.LOGIT_MAX]
 
 
 def probe_folder(
@@ -27,15 +30,15 @@ def probe_folder(
     A folder without a config or a loadable tokenizer is a one-line error (FileNotFoundError /
     DataError), never a traceback. ``window=None`` is the default window fitted to the model's
     maximum positions (``data.window_for``)."""
+    from .checkpoint import load_config, load_model, load_tokenizer, probe_model
+    from .config import AttributionConfig, SweepConfig
     from .data import load_eval_data, window_for
-    from .hooks import ProbeConfig
-    from .sweep import SweepConfig, load_config, load_model, load_tokenizer, probe_model
 
     folder = Path(model_dir)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a saved model folder (no config.json)")
     config = SweepConfig(allow_pickle=allow_pickle, prefetch=False,
-                         probe=ProbeConfig(sensitivity=sensitivity))
+                         attribution=AttributionConfig(enabled=sensitivity))
     tok = load_tokenizer(folder)
     window = window_for(load_config(str(folder), None, config), window)
     data = load_eval_data(text, tok, n_windows=n_windows, window=window, layout=layout)
@@ -49,7 +52,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def format_probe_table(frame: pd.DataFrame, sort_by: str = "logit_std") -> str:
+def format_probe_table(frame: pd.DataFrame, sort_by: str = vocab.LOGIT_STD) -> str:
     """One line per head (and the LM head), sorted by ``sort_by`` descending."""
     wide = frame.pivot_table(index=["site_kind", "layer", "head"], columns="metric", values="value")
     if sort_by not in wide.columns:

@@ -20,7 +20,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .vocab import INTEGRITY
+from peakprobe import vocab
+
+from .vocab import INTEGRITY, PeakprobeError
 
 FORMAT = 1
 
@@ -94,7 +96,7 @@ REPORT = "report"
 LOCKS = "locks"
 
 
-class RunDirError(ValueError):
+class RunDirError(PeakprobeError):
     """A run directory is missing, empty or inconsistent."""
 
 
@@ -180,22 +182,57 @@ def write_integrity(run_dir: str | os.PathLike, record: dict) -> None:
     write_json(Path(run_dir) / INTEGRITY, record)
 
 
+def read_integrity_record(run_dir: str | os.PathLike) -> dict | None:
+    """The run's whole ``integrity.json`` (format in docs/architecture.md), None when absent:
+    the one reader of that file."""
+    path = Path(run_dir) / INTEGRITY
+    if not path.exists():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path} is not a JSON object; re-run the sweep's integrity check")
+    return data
+
+
 def read_integrity(run_dir: str | os.PathLike) -> dict[str, dict]:
     """Flagged checkpoints of a run: ``{revision: {"step", "duplicates", "files", "whole"}}``.
 
     Its keys are the revisions to exclude from fits (``set(read_integrity(run))``); empty when
     the run has no ``integrity.json``."""
-    path = Path(run_dir) / INTEGRITY
-    if not path.exists():
-        return {}
-    return dict(read_json(path).get("flagged", {}))
+    return dict((read_integrity_record(run_dir) or {}).get("flagged") or {})
 
 
 def read_manifest(run_dir: str | os.PathLike) -> dict:
+    """The run's manifest, in the current layout (``upgrade_manifest``)."""
     path = Path(run_dir) / MANIFEST
     if not path.exists():
         raise RunDirError(f"{run_dir} is not a peakprobe run directory (no {MANIFEST})")
-    return read_json(path)
+    return upgrade_manifest(read_json(path))
+
+
+def upgrade_manifest(manifest: dict) -> dict:
+    """A manifest in the current layout. Manifests whose ``probe`` entry holds the attribution
+    (``probe.sensitivity`` and ``probe.attribution``) get it as the top-level ``attribution``
+    entry, so runs written that way keep resuming and fitting."""
+    probe = manifest.get("probe")
+    if not isinstance(probe, dict) or (vocab.SENSITIVITY not in probe and "attribution" not in probe):
+        return manifest
+    probe = dict(probe)
+    probe.pop("sensitivity", None)
+    attribution = probe.pop("attribution", None)
+    return {**manifest, "probe": probe, "attribution": manifest.get("attribution", attribution)}
+
+
+#: the manifest entries that must match for results to be mixed in one run directory
+IDENTITY_KEYS: tuple[str, ...] = ("format", "model", "source", "checkpoints", "data", "probe",
+                                  "attribution", "load")
+
+
+def run_identity(manifest: dict, keys: tuple[str, ...] = IDENTITY_KEYS) -> dict:
+    """What of a manifest makes a run: two manifests with equal identities may share a run
+    directory (a sweep resumes into it, a live run continues it)."""
+    manifest = upgrade_manifest(manifest)
+    return {k: manifest.get(k) for k in keys}
 
 
 def read_results(run_dir: str | os.PathLike) -> pd.DataFrame:

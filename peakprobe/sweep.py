@@ -27,29 +27,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
 import torch
 from filelock import FileLock, Timeout
 from tqdm.auto import tqdm
 
 from . import results
+from .attribution import describe_attribution
+from .checkpoint import CheckpointError, load_model, probe_model, tidy_frame
 from .checkpoints_index import Checkpoint, CheckpointSequence
-from .checkpoints_index.cache import cached_refs, delete_cached_revisions, hub_cache_dir
+from .checkpoints_index.cache import cached_refs, delete_cached_revisions
 from .checkpoints_index.integrity import integrity_record
-from .config import ConfigError, ProbeConfig, SweepConfig
-from .data import DataError, EvalData
-from .hf import quiet_transformers_progress
-from .hooks import CompileError, UnsupportedModelError, attach
-from .hooks.attribution import attribute
-from .hooks.search import describe_attribution
+from .config import ConfigError, SweepConfig
+from .data import EvalData
+from .hooks import CompileError, UnsupportedModelError
 from .version import __version__
-
-DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+from .vocab import short_list
 
 
 class SweepError(ConfigError):
@@ -57,7 +49,7 @@ class SweepError(ConfigError):
 
 
 @dataclass
-class SweepSummary:
+class SweepOutcome:
     """What one sweep did: probed (done), already there (skipped), failed, held by another
     process (busy), and deleted from the HF cache (pruned)."""
 
@@ -69,104 +61,10 @@ class SweepSummary:
     pruned: list[str] = field(default_factory=list)
 
 
-def _has_safetensors(folder: Path) -> bool:
-    return any(folder.glob("*.safetensors"))
-
-
-def load_model(source: str, revision: str | None, config: SweepConfig, device: str):
-    """Load one checkpoint: a local folder (``revision`` ignored), or hub ``source`` at ``revision``."""
-    from transformers import AutoModelForCausalLM
-
-    kwargs: dict = {"trust_remote_code": config.trust_remote_code}
-    kwargs["dtype"] = "auto" if config.dtype == "auto" else DTYPES[config.dtype]
-    folder = Path(source).expanduser()
-    if folder.is_dir():
-        if not _has_safetensors(folder):
-            if not config.allow_pickle:
-                raise SweepError(
-                    f"{folder} has no .safetensors weights; pickle weights can run code when "
-                    "loaded: pass --allow-pickle only if you trust them"
-                )
-            kwargs["use_safetensors"] = False
-        else:
-            kwargs["use_safetensors"] = True
-        source, revision = str(folder), None
-    else:
-        kwargs["use_safetensors"] = None if config.allow_pickle else True
-        kwargs.update(cache_dir=str(hub_cache_dir()), local_files_only=config.local_files_only)
-    if config.device_map is not None:
-        kwargs["device_map"] = config.device_map
-    with quiet_transformers_progress():
-        model = AutoModelForCausalLM.from_pretrained(source, revision=revision, **kwargs)
-    if config.device_map is None:
-        model = model.to(device)
-    return model.eval()
-
-
-def load_config(source: str, revision: str | None, config: SweepConfig):
-    """The model config of one checkpoint (a small file, read before any weights), from the same
-    place ``load_model`` would load it; a one-line DataError when it cannot be read."""
-    from transformers import AutoConfig
-
-    kwargs: dict = {"trust_remote_code": config.trust_remote_code}
-    folder = Path(source).expanduser()
-    if folder.is_dir():
-        source, revision = str(folder), None
-    else:
-        kwargs.update(cache_dir=str(hub_cache_dir()), local_files_only=config.local_files_only)
-    try:
-        return AutoConfig.from_pretrained(source, revision=revision, **kwargs)
-    except Exception as exc:  # OSError, hub errors: one line
-        at = f"{source}@{revision}" if revision else source
-        raise DataError(f"cannot read the model config of {at} ({type(exc).__name__})") from exc
-
-
-def load_tokenizer(
-    where: str | os.PathLike | CheckpointSequence,
-    tokenizer: str | None = None,
-    *,
-    local_files_only: bool = False,
-):
-    """The one tokenizer loader: ``tokenizer`` (a folder or hub id) when given; else the one
-    saved with ``where`` (a folder), or, for a checkpoint sequence, with its first checkpoint
-    (folder or hub revision), then with the repo's ``main``. Never requires ``main``.
-
-    Raises :class:`DataError` (one line) when none loads."""
-    from transformers import AutoTokenizer
-
-    if tokenizer is not None:
-        tries = [(str(tokenizer), None)]
-    elif isinstance(where, CheckpointSequence):
-        first = where[0]
-        tries = [(first.path, None)] if first.path else [(where.source, first.revision), (where.source, "main")]
-    else:
-        tries = [(str(where), None)]
-    hub = {} if Path(tries[0][0]).expanduser().is_dir() else {
-        "cache_dir": str(hub_cache_dir()), "local_files_only": local_files_only}
-    errors = []
-    for source, revision in dict.fromkeys(tries):
-        try:
-            with quiet_transformers_progress():
-                return AutoTokenizer.from_pretrained(source, revision=revision, **hub)
-        except Exception as exc:  # OSError, ValueError, hub errors: try the next, then one line
-            errors.append(f"{source}{'@' + revision if revision else ''} ({type(exc).__name__})")
-    raise DataError(
-        f"cannot load a tokenizer from {', '.join(errors)}; pass --tokenizer PATH to a local "
-        "tokenizer folder"
-    )
-
-
-def _identity(manifest: dict) -> dict:
-    """The parts of a manifest that must match for results to be mixed in one run."""
-    return {k: manifest.get(k) for k in ("format", "model", "source", "checkpoints", "data", "probe", "load")}
-
-
-def _describe_probe(probe: ProbeConfig) -> dict:
-    """The manifest's probe entry, with the attribution method spelled out."""
-    out = probe.describe()
-    if probe.attribution:
-        out["attribution"] = describe_attribution(probe.attribution_windows, probe.attribution_heads)
-    return out
+def _describe_attribution(config: SweepConfig) -> dict | None:
+    """The manifest's attribution entry: the method spelled out, or None when it is off."""
+    a = config.attribution
+    return describe_attribution(a.windows, a.heads) if a.active else None
 
 
 def build_manifest(seq: CheckpointSequence, data: EvalData, config: SweepConfig, command: str | None) -> dict:
@@ -181,7 +79,8 @@ def build_manifest(seq: CheckpointSequence, data: EvalData, config: SweepConfig,
         "schedule": None if seq.schedule is None else seq.schedule.to_json(),
         "checkpoints": [c.to_dict() for c in seq],
         "data": data.describe(),
-        "probe": _describe_probe(config.probe),
+        "probe": config.probe.describe(),
+        "attribution": _describe_attribution(config),
         "load": {"dtype": config.dtype, "trust_remote_code": config.trust_remote_code},
         "versions": {
             "peakprobe": __version__,
@@ -196,9 +95,9 @@ def prepare_run_dir(run_dir: Path, manifest: dict, *, force: bool) -> None:
     """Create the run directory, or check that an existing one was made with the same inputs."""
     path = run_dir / results.MANIFEST
     if path.exists() and not force:
-        old = results.read_json(path)
-        if _identity(old) != _identity(manifest):
-            changed = [k for k, v in _identity(manifest).items() if _identity(old).get(k) != v]
+        old, new = results.run_identity(results.read_manifest(run_dir)), results.run_identity(manifest)
+        if old != new:
+            changed = [k for k, v in new.items() if old.get(k) != v]
             raise SweepError(
                 f"{run_dir} holds results of a different sweep ({', '.join(changed)} changed); "
                 "use another --out, or --force to start over"
@@ -211,46 +110,6 @@ def prepare_run_dir(run_dir: Path, manifest: dict, *, force: bool) -> None:
             (run_dir / name).unlink(missing_ok=True)
     (run_dir / results.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
     results.write_json(path, manifest)
-
-
-def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = False, desc: str = "") -> pd.DataFrame:
-    """Per-site statistics of one loaded model over all evaluation windows (tidy frame), plus the
-    attribution metrics (sensitivity, curvature, gain, log_beta_opt) over the first
-    ``config.probe.attribution_windows`` windows when ``config.probe.attribution``."""
-    n_batches = -(-data.n_windows // config.batch_size)
-    with attach(model, config.probe) as probe:
-        for ids, mask in tqdm(
-            data.batches(config.batch_size), total=n_batches, desc=desc, leave=False,
-            disable=not progress, unit="batch",
-        ):
-            probe.run_batch(ids, mask)
-        frame = probe.to_frame()
-    if not config.probe.attribution:
-        return frame
-    n = min(config.probe.attribution_windows, data.n_windows)
-    ids, mask, bs = data.input_ids[:n], data.attention_mask[:n], config.batch_size
-    subset = [(ids[i : i + bs], mask[i : i + bs]) for i in range(0, n, bs)]  # (b, T) each
-    extra = attribute(model, subset, heads=config.probe.attribution_heads, progress=progress,
-                      desc=f"{desc} attribution".strip())
-    frame = pd.concat([frame, extra], ignore_index=True)
-    return frame.sort_values(["site_kind", "layer", "head", "metric"], kind="stable").reset_index(drop=True)
-
-
-def _tidy(frame: pd.DataFrame, seq: CheckpointSequence, ckpt: Checkpoint) -> pd.DataFrame:
-    frame = frame.copy()
-    frame.insert(0, "model", seq.name)
-    frame.insert(1, "revision", ckpt.revision)
-    frame.insert(2, "step", int(ckpt.step))
-    frame.insert(3, "tokens", -1 if ckpt.tokens is None else int(ckpt.tokens))
-    frame.insert(4, "tau", float("nan") if ckpt.tau is None else float(ckpt.tau))
-    return frame
-
-
-def tidy_frame(frame: pd.DataFrame, seq: CheckpointSequence, ckpt: Checkpoint) -> pd.DataFrame:
-    """``probe_model``'s frame with the checkpoint's columns in front: what a parquet holds.
-
-    Public so that live probing (peakprobe.integrations) writes exactly what the sweep writes."""
-    return _tidy(frame, seq, ckpt)
 
 
 def shard_info() -> tuple[int, int, str]:
@@ -353,7 +212,7 @@ def _loader(seq, todo, config, device, run_dir) -> Iterator[tuple[Checkpoint, Fi
             lock.release()
 
 
-def _sweep_worker(payload: dict, rank: int, world: int) -> SweepSummary:
+def _sweep_worker(payload: dict, rank: int, world: int) -> SweepOutcome:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -361,7 +220,7 @@ def _sweep_worker(payload: dict, rank: int, world: int) -> SweepSummary:
     return sweep(rank=rank, world=world, progress=show, integrity=False, **payload)
 
 
-def _fan_out(payload: dict, processes: int) -> SweepSummary:
+def _fan_out(payload: dict, processes: int) -> SweepOutcome:
     """Run ``sweep`` in ``processes`` spawned local processes (one GPU each when there are GPUs)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -370,7 +229,7 @@ def _fan_out(payload: dict, processes: int) -> SweepSummary:
     with ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
         futures = [pool.submit(_sweep_worker, dict(payload), r, processes) for r in range(processes)]
         parts = [f.result() for f in futures]
-    return SweepSummary(
+    return SweepOutcome(
         payload["run_dir"], *([r for p in parts for r in getattr(p, name)]
                               for name in ("done", "skipped", "failed", "busy", "pruned"))
     )
@@ -396,7 +255,7 @@ def sweep(
     integrity: bool = True,
     progress: bool = True,
     command: str | None = None,
-) -> SweepSummary:
+) -> SweepOutcome:
     """Probe every checkpoint of ``seq`` on ``data`` and write the run directory ``run_dir``.
 
     ``shard=(K, N)`` probes checkpoints K, K+N, K+2N, ... of ``seq`` only (the manifest still
@@ -436,7 +295,8 @@ def sweep(
     todo = [c for c in mine if c.revision not in set(skipped)]
     hub = any(c.path is None for c in seq)
     cached_before = set(cached_refs(seq.source)) if prune_cache and hub else set()
-    summary = SweepSummary(run_dir, [], skipped, [])
+    summary = SweepOutcome(run_dir, [], skipped, [])
+    refused: list[CheckpointError] = []  # checkpoints peakprobe must not or cannot probe
     bar = tqdm(total=len(mine), initial=len(skipped), desc=f"{seq.name} checkpoints",
                disable=not progress, unit="ckpt", position=0)
     for ckpt, lock, box in _loader(seq, todo, config, device, run_dir):
@@ -451,11 +311,13 @@ def sweep(
             if isinstance(model, Exception):
                 raise model
             frame = probe_model(model, data, config, progress=progress, desc=ckpt.revision)
-            results.write_checkpoint(run_dir, ckpt.revision, _tidy(frame, seq, ckpt))
+            results.write_checkpoint(run_dir, ckpt.revision, tidy_frame(frame, seq, ckpt))
             summary.done.append(ckpt.revision)
         except (UnsupportedModelError, CompileError):
             raise  # every checkpoint of the family would fail the same way
         except Exception as exc:
+            if isinstance(exc, CheckpointError):
+                refused.append(exc)
             results.append_failure(run_dir, {
                 "revision": ckpt.revision,
                 "step": ckpt.step,
@@ -473,6 +335,8 @@ def sweep(
         bar.update(1)
     bar.close()
     if summary.busy:
-        _say(progress, f"{len(summary.busy)} checkpoints are being probed by another process "
-                       f"on {run_dir} ({', '.join(summary.busy[:4])}); re-run later to pick up any it leaves")
+        _say(progress, f"{len(summary.busy)} checkpoints are being probed by another process on "
+                       f"{run_dir} ({short_list(summary.busy)}); re-run later to pick up any it leaves")
+    if refused and len(refused) == len(mine):  # every checkpoint refused: the input is wrong
+        raise refused[0]
     return summary

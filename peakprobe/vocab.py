@@ -36,21 +36,41 @@ def site_label(kind: str, layer: int = -1, head: int = -1) -> str:
     raise ValueError(f"unknown site kind {kind!r}")
 
 
-# -- metrics measured per row and averaged over rows (the probes) -----------------------------------
+# -- metrics measured per row and averaged over rows (the probes; docs/probes.md) -------------------
+#: -sum p log p, nats
+ENTROPY = "entropy"
+#: entropy / ln n (1 = uniform, 0 = one-hot)
+ENTROPY_NORM = "entropy_norm"
+#: the largest probability
+MAX_PROB = "max_prob"
+#: population std of the logits over the row's options: the papers' "logit magnitude"
+LOGIT_STD = "logit_std"
+#: the largest logit minus the mean logit
+LOGIT_MAX_MINUS_MEAN = "logit_max_minus_mean"
+#: the largest logit minus the second largest
+LOGIT_TOP_GAP = "logit_top_gap"
+#: 1 when logit_std > sqrt(2 ln n) (the random-energy model's low-temperature phase), else 0
+PEAKED = "peaked"
+#: attention: the probability on the row's first visible key (the attention-sink mass)
+FIRST_KEY_PROB = "first_key_prob"
+#: LM head: next-token cross-entropy, the probability of the target, its logit minus the mean
+LOSS = "loss"
+TARGET_PROB = "target_prob"
+TARGET_LOGIT_MINUS_MEAN = "target_logit_minus_mean"
 #: every softmax site
 COMMON_METRICS: tuple[str, ...] = (
-    "entropy",
-    "entropy_norm",
-    "max_prob",
-    "logit_std",
-    "logit_max_minus_mean",
-    "logit_top_gap",
-    "peaked",
+    ENTROPY,
+    ENTROPY_NORM,
+    MAX_PROB,
+    LOGIT_STD,
+    LOGIT_MAX_MINUS_MEAN,
+    LOGIT_TOP_GAP,
+    PEAKED,
 )
 #: attention sites add the probability on the first visible key (the attention-sink mass)
-ATTN_EXTRA: tuple[str, ...] = ("first_key_prob",)
+ATTN_EXTRA: tuple[str, ...] = (FIRST_KEY_PROB,)
 #: the LM head adds the next-token statistics
-LM_EXTRA: tuple[str, ...] = ("loss", "target_prob", "target_logit_minus_mean")
+LM_EXTRA: tuple[str, ...] = (LOSS, TARGET_PROB, TARGET_LOGIT_MINUS_MEAN)
 #: peakedness as the authors judge it: the inverse temperature at which Gaussian logits over the
 #: row's n options have the row's entropy, and the flag beta_eff > sqrt(2 ln n)
 BETA_EFF = "beta_eff"
@@ -65,12 +85,39 @@ LM_METRICS: tuple[str, ...] = COMMON_METRICS + LM_EXTRA
 ENTROPY_PEAKED_METRICS: tuple[str, ...] = (BETA_EFF, PEAKED_ENTROPY)
 #: attention sites also report these with the first visible key left out (rows with >= 2 others)
 XSINK_METRICS: tuple[str, ...] = tuple(
-    name + XSINK_SUFFIX
-    for name in ("entropy", "max_prob", "logit_std", "peaked", BETA_EFF, PEAKED_ENTROPY)
+    name + XSINK_SUFFIX for name in (ENTROPY, MAX_PROB, LOGIT_STD, PEAKED, BETA_EFF, PEAKED_ENTROPY)
 )
-#: everything the probes write per site (attention sites of models with learned sinks add SINK_PROB)
-ATTN_PROBE_METRICS: tuple[str, ...] = ATTN_METRICS + ENTROPY_PEAKED_METRICS + XSINK_METRICS
-LM_PROBE_METRICS: tuple[str, ...] = LM_METRICS + ENTROPY_PEAKED_METRICS
+#: the row's largest logit (over its real options, not a learned sink), averaged over rows
+LOGIT_ROW_MAX = "logit_row_max"
+#: everything the probes write per site as a row mean (attention sites of models with learned
+#: sinks add SINK_PROB)
+ATTN_PROBE_METRICS: tuple[str, ...] = (
+    ATTN_METRICS + ENTROPY_PEAKED_METRICS + XSINK_METRICS + (LOGIT_ROW_MAX,)
+)
+LM_PROBE_METRICS: tuple[str, ...] = LM_METRICS + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX,)
+
+# -- per-site figures that are not row means ---------------------------------------------------
+#: the largest logit over a site's rows and options (the quantity QK-clip and MuonClip control):
+#: merged by max, not averaged; its ``n_rows`` counts the rows it was taken over
+LOGIT_MAX = "logit_max"
+#: row statistics whose quantiles over rows each site reports, from a fixed-bin histogram that
+#: merges exactly across batches (no per-row storage)
+QUANTILE_OF: tuple[str, ...] = ("entropy", "max_prob")
+QUANTILES: tuple[float, ...] = (0.1, 0.5, 0.9)
+#: histogram bins per statistic and their range (values outside are clamped into the end bins;
+#: entropy in nats: ln n is below 16 for any n under 8.8 million options)
+HIST_BINS = 512
+HIST_RANGE: dict[str, tuple[float, float]] = {"entropy": (0.0, 16.0), "max_prob": (0.0, 1.0)}
+
+
+def quantile_metric(name: str, q: float) -> str:
+    """The metric name of quantile ``q`` of row statistic ``name``: ``entropy_q10``."""
+    return f"{name}_q{round(100 * q):02d}"
+
+
+QUANTILE_METRICS: tuple[str, ...] = tuple(quantile_metric(n, q) for n in QUANTILE_OF for q in QUANTILES)
+#: what every probed site reports beyond its row means
+SITE_METRICS: tuple[str, ...] = (LOGIT_MAX,) + QUANTILE_METRICS
 
 # -- attribution metrics (per site, from an inverse temperature beta on that site's logits) ----------
 #: d loss / d log beta at beta = 1
@@ -86,21 +133,32 @@ ATTRIBUTION_METRICS: tuple[str, ...] = (SENSITIVITY, CURVATURE, GAIN, LOG_BETA_O
 #: the metrics the growth laws are fitted to: logit magnitudes (the 1/3 law is about these)
 #: and, as descriptive effective exponents, max_prob and entropy
 GROWTH_METRICS: tuple[str, ...] = (
-    "logit_std",
-    "logit_max_minus_mean",
-    "logit_top_gap",
-    "target_logit_minus_mean",
-    "max_prob",
-    "entropy",
+    LOGIT_STD,
+    LOGIT_MAX_MINUS_MEAN,
+    LOGIT_TOP_GAP,
+    TARGET_LOGIT_MINUS_MEAN,
+    MAX_PROB,
+    ENTROPY,
+    LOGIT_MAX,
+    LOGIT_ROW_MAX,
 )
 #: the per-site metrics the report's table shows at the last checkpoint
 FINAL_METRICS: tuple[str, ...] = (
-    "logit_std",
-    "entropy",
-    "max_prob",
-    "peaked",
-    "first_key_prob",
+    LOGIT_STD,
+    ENTROPY,
+    MAX_PROB,
+    PEAKED,
+    FIRST_KEY_PROB,
+    LOGIT_MAX,
 )
+
+# -- kinds of fit (fits.parquet's ``fit`` column) -------------------------------------------------
+#: a site metric's power law m = c t^alpha
+FIT_GROWTH = "growth"
+#: the loss law L = L0 + c t^-alpha of the LM head's loss
+FIT_LOSS = "loss"
+#: a site's optimal-temperature gain G = c t^-alpha
+FIT_GAIN = "gain"
 
 # -- thresholds --------------------------------------------------------------------------------
 THIRD = 1.0 / 3.0
@@ -126,6 +184,15 @@ def peaked_threshold(n: Any) -> Any:
 
     return np.sqrt(2.0 * np.log(np.maximum(n, 1)))
 
+# -- evaluation windows (data.py) --------------------------------------------------------------------
+#: one document per window, right-padded (as the 1/3 authors measure Pythia)
+DOCUMENT = "document"
+#: documents packed back to back into full windows, each attending across the boundaries
+PACKED = "packed"
+#: packed windows in which each document attends to itself only (position ids restart)
+PACKED_DOCS = "packed-docs"
+LAYOUTS: tuple[str, ...] = (DOCUMENT, PACKED, PACKED_DOCS)
+
 # -- run-directory files written beside the results (see results.py) ---------------------------------
 #: checkpoints whose weights duplicate another's, written by the sweep; fits exclude them
 INTEGRITY = "integrity.json"
@@ -142,6 +209,21 @@ BOTTLENECK_LM_HEAD = "lm_head"
 BOTTLENECK_NONE = "none"
 BOTTLENECK_UNDETERMINED = "undetermined"
 
+def short_list(names, limit: int = 5) -> str:
+    """Names in one line: ``a, b, c``, or ``a, b, c, d, e and 3 more`` past ``limit`` (so a count
+    said beside them always agrees with what is shown)."""
+    names = [str(n) for n in names]
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+class PeakprobeError(ValueError):
+    """Base class of every error a user can cause: bad input, an option out of range, a model or
+    a run directory peakprobe cannot use, too few checkpoints to fit. The command line prints it
+    as one line and exits 2; any other exception is a bug in peakprobe (exit 1). A ValueError,
+    so callers that catch ValueError keep working."""
+
+
 class PeakprobeWarning(UserWarning):
     """Base class of every warning peakprobe issues; the command line shows these by default
     (one line each, ``peakprobe: warning: ...``) and hides other libraries' warnings."""
@@ -149,10 +231,10 @@ class PeakprobeWarning(UserWarning):
 # -- the bottleneck answer from gains (fits) ------------------------------------------------------
 #: the logit magnitudes whose growth exponents are judged against 1/3 (the rest are descriptive)
 MAGNITUDE_METRICS: tuple[str, ...] = (
-    "logit_std",
-    "logit_max_minus_mean",
-    "logit_top_gap",
-    "target_logit_minus_mean",
+    LOGIT_STD,
+    LOGIT_MAX_MINUS_MEAN,
+    LOGIT_TOP_GAP,
+    TARGET_LOGIT_MINUS_MEAN,
 )
 #: a site's gain is a "large share" of the reducible loss L - L0 above this fraction
 GAIN_SHARE_MIN = 0.1
@@ -179,6 +261,9 @@ MONITOR_TOP_HEADS = 3
 #: alarm, attention-entropy collapse: a head's entropy_norm (entropy / ln n, 1 = uniform,
 #: 0 = one-hot) falls below this
 ENTROPY_COLLAPSE = 0.05
+#: alarm, max logit: a head's largest attention logit (``LOGIT_MAX``) exceeds this; Kimi K2's
+#: MuonClip clips the query-key products of heads past 100 (QK-clip's threshold tau)
+LOGIT_MAX_ALARM = 100.0
 #: alarm, jump in logit std: a site's logit_std grows by more than this factor between two
 #: consecutive probes (the 1/3 law needs dynamic time to grow 8x for a factor 2)
 LOGIT_STD_JUMP = 2.0

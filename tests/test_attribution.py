@@ -14,9 +14,9 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from peakprobe import vocab
-from peakprobe.hooks.attribution import attribute
-from peakprobe.hooks.beta import beta_attention
-from peakprobe.hooks.search import (
+from peakprobe.attribution.beta import beta_attention
+from peakprobe.attribution.gains import attribute
+from peakprobe.attribution.search import (
     DELTA,
     SCREEN_POINT,
     SCREEN_STOP,
@@ -325,7 +325,7 @@ def test_attribution_leaves_the_model_as_it_was():
 def test_the_three_cache_paths_give_the_same_attribution(monkeypatch):
     """The beta = 1 cache from the slopes' forward (the default), from a no-grad pass (when the
     first check fails) and no cache at all (full forwards, when both fail): identical frames."""
-    from peakprobe.hooks import attribution as attr
+    from peakprobe.attribution import gains as attr
 
     model = tiny_model("llama_gqa")
     ids, mask = left_padded_batch()
@@ -588,7 +588,7 @@ def test_screen_on_the_first_half_stops_a_negligible_head_and_leaves_the_others_
 
 
 def test_the_windows_are_split_in_two_parts_in_order():
-    from peakprobe.hooks.attribution import _halves
+    from peakprobe.attribution.gains import _halves
 
     ids = torch.arange(5 * 3).view(5, 3)
     mask = torch.ones_like(ids)
@@ -604,7 +604,7 @@ def test_heads_the_first_half_does_not_stop_get_the_figures_of_the_whole_screen(
     """On a random tiny model, where some heads stop on the first half of the windows: every
     other site's figures equal those of the screen run on all windows at once (bit for bit),
     and every stopped head's gain (that part's figure, not the whole's) is under the floor."""
-    from peakprobe.hooks import attribution as attr
+    from peakprobe.attribution import gains as attr
 
     model = tiny_model("gpt_neox")
     ids, mask = left_padded_batch(batch=4, pads=(0, 2, 0, 3))
@@ -644,9 +644,9 @@ def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
     softcapping, learned sinks, left padding and the eager path. Where the one-head calls do not
     reproduce the beta = 1 output (a wrong key/value head, planted) or raise, the check turns
     them off and the frame is still identical."""
-    from peakprobe.hooks import attribution as attr
-    from peakprobe.hooks import beta as beta_module
-    from peakprobe.hooks import tempered as tempered_module
+    from peakprobe.attribution import beta as beta_module
+    from peakprobe.attribution import gains as attr
+    from peakprobe.attribution import tempered as tempered_module
 
     name, _, attn = arch.partition(" ")
     # float32 on the eager paths: HF's eager softmax runs in float32, so a float64 model's fully

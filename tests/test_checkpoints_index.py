@@ -196,7 +196,6 @@ def test_schedule_from_json_roundtrip_and_errors():
         {"lr_max": 1},
         {"kind": "step"},
         {"kind": "warmup_cosine", "lr_max": 1e-3, "warmup_steps": 1},
-        {"kind": "warmup_cosine", "lr_max": 1e-3, "warmup_steps": 1, "total_steps": 9, "typo": 1},
         {"kind": "warmup_cosine", "lr_max": "big", "warmup_steps": 1, "total_steps": 9},
         {"kind": "table", "steps": [0, 1], "lr": [1.0]},
         {"kind": "table", "steps": [1, 0], "lr": [1.0, 1.0]},

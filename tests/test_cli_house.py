@@ -34,22 +34,3 @@ def test_importing_the_toy_plots_leaves_matplotlib_backend_alone():
             "print(matplotlib.get_backend())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().lower() == "svg"
-
-
-def test_cli_defaults_are_the_dataclasses_and_the_api_defaults():
-    """One source of defaults: a bare `peakprobe sweep` builds exactly SweepConfig() and passes
-    api.sweep's own data defaults; `peakprobe fit` passes nothing fit_run would not default."""
-    import inspect
-
-    from peakprobe import api
-    from peakprobe.cli import _fit_kwargs, _sweep_kwargs, build_parser
-    from peakprobe.config import SweepConfig
-
-    args = build_parser().parse_args(["sweep", "some-run", "--out", "R"])
-    kwargs = _sweep_kwargs(args, "peakprobe sweep some-run --out R")
-    assert kwargs["config"] == SweepConfig()
-    sig = inspect.signature(api.sweep).parameters
-    for name in ("data", "n_windows", "window", "layout", "text_field"):
-        assert kwargs[name] == sig[name].default, name
-    fit_args = build_parser().parse_args(["fit", "R"])
-    assert _fit_kwargs(fit_args) == {"progress": True}

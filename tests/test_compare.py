@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from peakprobe import api, cli, results
+from peakprobe.config import CurveConfig, FitConfig
 from peakprobe.fits import fit_run
 from peakprobe.fits.third import judge_third
 from peakprobe.vocab import THIRD, peaked_threshold
@@ -81,7 +82,7 @@ NAMES = [*list(FAMILY)[:-1], EVIL]  # the largest member carries a hostile model
 def family(tmp_path_factory):
     base = tmp_path_factory.mktemp("family")
     runs = _family_runs(base, evil_last=True)
-    paths = api.compare(runs, base / "cmp", n_boot=N_BOOT, command="peakprobe compare ...")
+    paths = api.compare(runs, base / "cmp", fit=FitConfig(n_boot=N_BOOT), command="peakprobe compare ...")
     return runs, paths
 
 
@@ -126,8 +127,8 @@ def test_external_curve_file_recovers_planted_exponents(tmp_path):
                  for s, v in zip(t, loss, strict=True)]
     path = tmp_path / "family.jsonl"
     pd.DataFrame(rows).to_json(path, orient="records", lines=True)
-    paths = api.compare([path], tmp_path / "cmp", n_boot=N_BOOT, scan=False,
-                        curve_kwargs={"t_min_step": 16})
+    paths = api.compare([path], tmp_path / "cmp", fit=FitConfig(n_boot=N_BOOT, t_min_step=16),
+                        curve=CurveConfig(scan=False))
     table = pd.read_csv(paths.members_csv)
     assert list(table["member"]) == list(FAMILY)
     for row in table.itertuples():
@@ -151,7 +152,7 @@ def test_fits_json_without_bottleneck_degrades(tmp_path):
     run = planted_run(tmp_path / "r", "bare", 2, 3)
     fit_run(run, n_boot=N_BOOT)
     (run / results.FITS_JSON).write_text(json.dumps({"format": 1}))  # keys another version lacks
-    paths = api.compare([run], tmp_path / "cmp", n_boot=N_BOOT, scan=False)
+    paths = api.compare([run], tmp_path / "cmp", fit=FitConfig(n_boot=N_BOOT), curve=CurveConfig(scan=False))
     row = pd.read_csv(paths.members_csv).iloc[0]
     assert math.isfinite(row["alpha"]) and pd.isna(row["bottleneck"])
     assert "<td class=\"t\"><b>—</b></td>" in paths.html.read_text()
@@ -208,7 +209,7 @@ def test_two_seeds_of_one_model_are_told_apart(tmp_path):
         run = planted_run(tmp_path / f"seed{seed}", "pythia-70m", 1, 3, seed=seed)
         fit_run(run, n_boot=N_BOOT)
         runs.append(run)
-    paths = api.compare(runs, tmp_path / "cmp", n_boot=N_BOOT, scan=False)
+    paths = api.compare(runs, tmp_path / "cmp", fit=FitConfig(n_boot=N_BOOT), curve=CurveConfig(scan=False))
     table = pd.read_csv(paths.members_csv)
     assert list(table["member"]) == ["pythia-70m (seed0)", "pythia-70m (seed1)"]
     assert (table["n_params_from"] == "pythia table").all() and (table["n_params"] == 70_426_624).all()

@@ -45,7 +45,7 @@ def test_quick_demo_runs_the_whole_pipeline_offline(tmp_path, capsys, monkeypatc
     assert results.read_manifest(tmp_path / "swept")["data"] == manifest["data"]
     # (the live attribution runs at a log-spaced subset only: elsewhere the statistics alone)
     cols = ["step", "tau", "site_kind", "layer", "head", "metric", "value", "n_rows"]
-    attributed = set(manifest["probe"]["attribution"]["steps"])
+    attributed = set(manifest["attribution"]["steps"])
     common = sorted(set(swept.step) & set(live.step))
     for step in common:
         rows = swept[swept.step == step]

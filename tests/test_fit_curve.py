@@ -14,7 +14,9 @@ import pytest
 
 from peakprobe import api, cli
 from peakprobe.checkpoints_index import pythia_schedule
-from peakprobe.fits.curve import fit_curve_models, pythia_parameters
+from peakprobe.checkpoints_index.families import pythia_parameters
+from peakprobe.config import CurveConfig, FitConfig
+from peakprobe.fits.curve import fit_curve_models
 from peakprobe.fits.curve_io import CurveError, read_curve, step_of
 from peakprobe.fits.third import judge_third
 
@@ -143,7 +145,7 @@ def test_planted_family_from_a_csv(tmp_path):
                  for s, t, v in zip(STEPS, tau, loss, strict=True)]
     path = tmp_path / "family.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
-    res = api.fit_curve(path, out=tmp_path / "rep", n_boot=N_BOOT, scan=False)
+    res = api.fit_curve(path, out=tmp_path / "rep", fit=FitConfig(n_boot=N_BOOT), curve=CurveConfig(scan=False))
     got = {f.model: f for f in res.result.fits}
     for model, alpha in planted.items():
         assert abs(got[model].fit.alpha - alpha) < 0.01, (model, got[model].fit.alpha)
@@ -235,8 +237,8 @@ def test_schedule_file_gives_tau_and_lr_max(tmp_path):
     (tmp_path / "schedule.json").write_text(json.dumps(sched))
     path = _write(tmp_path / "mine.csv", "step,loss\n" + "".join(
         f"{s},{float(v)!r}\n" for s, v in zip(STEPS, _law(STEPS), strict=True)))
-    res = api.fit_curve(path, out=tmp_path / "rep", schedule=tmp_path / "schedule.json",
-                        n_boot=0, scan=False)
+    res = api.fit_curve(path, out=tmp_path / "rep", fit=FitConfig(n_boot=0),
+                        curve=CurveConfig(schedule=str(tmp_path / "schedule.json"), scan=False))
     f = res.result.fits[0]
     assert f.model == "mine" and f.time_axis == "tau" and f.lr_max == 3e-4 and f.n_params is None
     from peakprobe.checkpoints_index import schedule_from_json

@@ -285,7 +285,7 @@ def test_top_sites_rank_an_uninformative_share_interval_last() -> None:
 
 
 def test_top_site_share_intervals_are_printed_and_an_unbounded_end_is_named() -> None:
-    from peakprobe.fits.summary import _pct_ci
+    from peakprobe.fits.text import _pct_ci
 
     assert _pct_ci(0.0, 0.67) == "[0%, 67%]"
     assert _pct_ci(0.3, 3.65) == "[30%, 365%]"

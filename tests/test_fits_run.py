@@ -3,7 +3,6 @@ bottleneck are planted: the verdicts must come out as planted."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 
@@ -15,7 +14,8 @@ import pytest
 from synthetic import make_run, pythia_like_steps
 
 from peakprobe import results, vocab
-from peakprobe.fits import FitError, fit_run, format_summary, judge_third
+from peakprobe.fits import FitError, fit_run, format_fits, judge_third
+from peakprobe.vocab import PeakprobeError
 
 THIRD = 1.0 / 3.0
 STEPS = tuple(sorted({0, *np.unique(np.round(np.logspace(1, 4, 40)).astype(int))}))
@@ -150,7 +150,7 @@ def test_fits_json_matches_the_contract(planted) -> None:
     truth, rf = planted
     doc = json.loads((truth.run_dir / "fits.json").read_text())
     assert set(doc) == {"format", "band", "ci_level", "time_axis", "window", "excluded",
-                        "spikes", "loss", "loss_scan", "bottleneck", "flags"}
+                        "spikes", "loss", "loss_scan", "skipped", "bottleneck", "flags"}
     assert doc["format"] == 2 and doc["band"] == [0.25, 0.42] and doc["ci_level"] == 0.9
     assert set(doc["loss"]) == {"alpha", "alpha_lo", "alpha_hi", "verdict", "L0", "L0_lo",
                                 "L0_hi", "c", "third_in_ci", "n_points", "t_min", "t_max",
@@ -174,7 +174,7 @@ def test_same_results_give_the_same_bytes(planted) -> None:
 
 def test_summary_states_verdicts_with_interval_band_and_window(planted) -> None:
     _, rf = planted
-    text = format_summary(rf)
+    text = format_fits(rf)
     loss = rf.loss
     assert (f"alpha {loss.alpha:.3f} [{loss.alpha_lo:.3f}, {loss.alpha_hi:.3f}] (90% CI) -> "
             f"consistent (band [0.25, 0.42]; window tau 100-10000, {rf.n_points} checkpoints)"
@@ -212,7 +212,7 @@ def test_no_peaked_site_means_the_mechanism_does_not_apply(tmp_path) -> None:
     assert loss["verdict"] == vocab.INCONCLUSIVE  # never "consistent"
     gain = _row(rf.table, "gain", vocab.ATTN_ALL, -1, -1, vocab.GAIN)
     assert gain["alpha_lo"] <= THIRD <= gain["alpha_hi"] and gain["verdict"] == vocab.INCONCLUSIVE
-    assert "no softmax is peaked" in format_summary(rf)
+    assert "no softmax is peaked" in format_fits(rf)
 
 
 def test_peaked_by_entropy_only_counts(tmp_path) -> None:
@@ -347,24 +347,10 @@ def test_band_option_changes_the_verdict(planted, tmp_path) -> None:
     assert narrow.verdict["band"] == [0.333, 0.334]
     assert narrow.verdict["loss"]["verdict"] == vocab.INCONCLUSIVE
     assert (narrow.table["band_lo"] == 0.333).all()
-    assert "band [0.333, 0.334]" in format_summary(narrow)
-    with pytest.raises(FitError, match="must contain 1/3"):
+    assert "band [0.333, 0.334]" in format_fits(narrow)
+    with pytest.raises(PeakprobeError, match="must contain 1/3"):
         fit_run(truth.run_dir, n_boot=10, band=(0.4, 0.5))
     fit_run(truth.run_dir, n_boot=NB, seed=3)  # leave the module fixture's files as they were
-
-
-def test_cli_fit_options() -> None:
-    from peakprobe.cli import _fit_kwargs, build_parser
-
-    args = build_parser().parse_args(["fit", "RUN", "--band", "0.3,0.36", "--t-min-step", "512",
-                                      "--t-max-step", "48000"])
-    kw = _fit_kwargs(args)
-    assert (kw["band"], kw["t_min_step"], kw["t_max_step"]) == ((0.3, 0.36), 512, 48000)
-    # unset options are left to fit_run, whose default band is the vocabulary's
-    assert "band" not in _fit_kwargs(build_parser().parse_args(["fit", "RUN"]))
-    assert inspect.signature(fit_run).parameters["band"].default == vocab.BAND
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["fit", "RUN", "--band", "0.4,0.5"])
 
 
 def test_failed_checkpoints_are_flagged(tmp_path) -> None:
@@ -379,7 +365,7 @@ def test_unknown_tau_falls_back_to_steps(tmp_path) -> None:
     assert rf.time_axis == "step" and (rf.table["time_axis"] == "step").all()
     with pytest.raises(FitError, match="time_axis='step'"):
         fit_run(tmp_path, time_axis="tau", n_boot=50)
-    with pytest.raises(FitError, match="time_axis must be"):
+    with pytest.raises(PeakprobeError, match="time axis must be"):
         fit_run(tmp_path, time_axis="tokens", n_boot=50)
 
 
@@ -392,10 +378,16 @@ def test_explicit_window_is_respected(tmp_path) -> None:
     assert rf.verdict["window"]["start_rule"] == "user"
 
 
-def test_too_few_checkpoints_is_a_clear_error(tmp_path) -> None:
+def test_too_few_checkpoints_skip_the_fits_that_need_more(tmp_path) -> None:
+    """Three checkpoints in the window: the growth and loss fits are skipped and listed with the
+    option that widens the window; one checkpoint: nothing can be fitted, a clear error."""
     make_run(tmp_path, 1, 3, (0, 10, 100, 1000, 10000), seed=7)
-    with pytest.raises(FitError, match="only 3 checkpoints fall in the fit window"):
-        fit_run(tmp_path, n_boot=50)
+    rf = fit_run(tmp_path, n_boot=50)
+    assert [(s["fit"], s["n_points"]) for s in rf.skipped] == [("growth", 3), ("loss", 3)]
+    assert all("--t-min-step 10" in s["reason"] for s in rf.skipped)
+    assert rf.loss is None and rf.verdict["skipped"] == rf.skipped
+    with pytest.raises(FitError, match="only 1 checkpoints fall in the fit window"):
+        fit_run(tmp_path, n_boot=50, t_min_step=10000)
 
 
 def test_missing_points_are_dropped_not_fatal(tmp_path) -> None:

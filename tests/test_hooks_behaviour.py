@@ -73,7 +73,7 @@ def test_attach_restores_everything_and_releases_the_model():
             probe.run_batch(ids, mask)
             raise RuntimeError("boom")
     assert model.config._attn_implementation == original
-    with attach(model, ProbeConfig(sensitivity=True)) as probe:
+    with attach(model, ProbeConfig()) as probe:
         assert model.config._attn_implementation.startswith("peakprobe_")
         probe.run_batch(ids, mask)
     assert model.config._attn_implementation == original
@@ -108,16 +108,15 @@ def test_run_batch_returns_the_mean_next_token_loss_in_both_modes():
     expected = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100
     ).item()
-    for sensitivity in (False, True):
-        with attach(model, ProbeConfig(dtype="float64", sensitivity=sensitivity)) as probe:
-            assert probe.run_batch(ids, mask) == pytest.approx(expected, rel=1e-12)
+    with attach(model, ProbeConfig(dtype="float64")) as probe:
+        assert probe.run_batch(ids, mask) == pytest.approx(expected, rel=1e-12)
 
 
 def test_attention_blocks_are_sized_per_device():
     """On CPU the default is CPU_CHUNK rows a block (explicit chunks win everywhere); on a GPU
     the largest power of two, at least CPU_CHUNK, whose logits fit GPU_BLOCK_ELEMENTS — against
     a brute-force search over powers of two."""
-    from peakprobe.hooks.interface import CPU_CHUNK, GPU_BLOCK_ELEMENTS, block_rows, gpu_rows
+    from peakprobe.hooks.engine import CPU_CHUNK, GPU_BLOCK_ELEMENTS, block_rows, gpu_rows
 
     q, k = torch.zeros(2, 4, 16, 8), torch.zeros(2, 2, 16, 8)
     assert block_rows(None, q, k) == CPU_CHUNK and block_rows(7, q, k) == 7

@@ -1,44 +1,54 @@
 """The package's imports run down the flow of docs/architecture.md and form no cycle.
 
-Every ``import`` / ``from ... import`` statement of every module (module level, inside
-functions, and under ``TYPE_CHECKING`` alike) is read from the source with ``ast``; an import
-of a peakprobe module is an edge. Each unit (a subpackage or a top-level module) may import only
-the units listed for it in ALLOWED, and the module graph must be acyclic.
+The rule is docs/architecture.md's unit table: each row names its units and the units they may
+import; units whose third-party column says "no torch" must never import torch. Every
+``import`` / ``from ... import`` statement of every module (module level, inside functions, and
+under ``TYPE_CHECKING`` alike) is read from the source with ``ast``; an import of a peakprobe
+module is an edge. A module whose unit the table does not list fails, and the module graph must
+be acyclic.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "peakprobe"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "peakprobe"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
-_BASE = {"vocab", "version", "hf", "config"}
-_MEASURE = _BASE | {"probes", "hooks", "checkpoints_index", "corpus", "data", "results"}
-#: unit -> the units it may import (besides itself), following docs/architecture.md
-ALLOWED: dict[str, set[str]] = {
-    "vocab": set(),
-    "version": set(),
-    "hf": set(),
-    "config": set(),
-    "probes": {"vocab"},
-    "hooks": {"vocab", "probes", "config"},
-    "checkpoints_index": {"vocab"},
-    "corpus": {"vocab"},
-    "data": {"vocab", "corpus"},
-    "results": _BASE,
-    "sweep": _MEASURE,
-    "fits": _BASE | {"results", "checkpoints_index"},
-    "reports": _BASE | {"results", "fits", "checkpoints_index"},
-    "toy": _BASE | {"results", "fits", "corpus", "checkpoints_index"},
-    "integrations": _MEASURE | {"sweep"},
-}
-#: the entry points may import everything
-TOP = {"api", "cli", "probe_one", "__main__", "__init__"}
-#: torch-free units: they must not import torch, even lazily
-TORCH_FREE = {"vocab", "version", "config", "checkpoints_index", "results", "fits", "reports"}
+
+def _unit_name(text: str) -> str:
+    return text.strip().strip("`").removesuffix(".py").rstrip("/")
+
+
+def read_table(text: str) -> tuple[dict[str, set[str]], set[str], set[str]]:
+    """(unit -> the units it may import, the units that may import all, the torch-free units)
+    from the architecture document's unit table."""
+    allowed: dict[str, set[str]] = {}
+    top: set[str] = set()
+    torch_free: set[str] = set()
+    for line in text.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        units = [_unit_name(u) for u in re.findall(r"`[^`]+`", cells[0])]
+        may = cells[2]
+        names = set() if may in ("—", "-", "") else {_unit_name(u) for u in may.split(",")}
+        for unit in units:
+            if may == "all":
+                top.add(unit)
+            else:
+                allowed[unit] = names
+            if "no torch" in cells[3]:
+                torch_free.add(unit)
+    return allowed, top, torch_free
+
+
+ALLOWED, TOP, TORCH_FREE = read_table(ARCHITECTURE.read_text(encoding="utf-8"))
 
 
 def _module_name(path: Path) -> str:
@@ -122,3 +132,21 @@ def test_the_walker_sees_a_planted_upward_import(tmp_path):
     found = _imports("peakprobe.probes.planted", fake)
     assert "peakprobe.hooks" in found and "peakprobe.probes.rows" in found
     assert _unit("peakprobe.hooks") not in ALLOWED["probes"]
+
+
+def test_the_table_is_read_and_covers_every_unit():
+    """The parser sees the table (not an empty rule set) and every unit of the package is in it."""
+    assert {"vocab", "probes", "hooks", "attribution", "checkpoint", "sweep", "fits"} <= set(ALLOWED)
+    assert ALLOWED["probes"] == {"vocab"} and "torch" not in ALLOWED["fits"]
+    assert {"fits", "reports", "vocab"} <= TORCH_FREE and "probes" not in TORCH_FREE
+    assert {"cli", "api"} <= TOP
+    units = {_unit(m) for m in MODULES}
+    assert units <= set(ALLOWED) | TOP, sorted(units - set(ALLOWED) - TOP)
+
+
+def test_an_edit_of_the_table_changes_the_rule():
+    """Reading a table where probes may import hooks allows what the real one forbids."""
+    edited = ARCHITECTURE.read_text(encoding="utf-8").replace(
+        "| vocab | torch, triton (optional) |", "| vocab, hooks | torch, triton (optional) |")
+    allowed, _, _ = read_table(edited)
+    assert allowed["probes"] == {"vocab", "hooks"} != ALLOWED["probes"]

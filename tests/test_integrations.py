@@ -15,17 +15,17 @@ from conftest import tiny_model
 from trainer_run import eval_windows, tiny_neox, windows
 
 from peakprobe import results, vocab
+from peakprobe.checkpoint import probe_model
 from peakprobe.integrations import (
     Monitor,
     MonitorError,
     alarms,
     attribution_steps,
     live_config,
+    live_scalars,
     planned_steps,
-    summary_scalars,
     training_state_preserved,
 )
-from peakprobe.sweep import probe_model
 
 STEPS = 12
 
@@ -148,7 +148,7 @@ def test_plain_loop_numbers_equal_an_independent_probe_and_tau_sums_the_schedule
     assert sorted(df.step.unique()) == monitor.planned
     assert 0 not in monitor.attribution_steps and STEPS in monitor.attribution_steps
     for step in monitor.planned:  # the Monitor's default config, the attribution where planned
-        config = live_config(sensitivity=step in monitor.attribution_steps)
+        config = live_config(attribution=step in monitor.attribution_steps)
         frame = probe_model(snapshots[step].eval(), eval_windows(), config)
         live = df[df.step == step].reset_index(drop=True)
         cols = ["site_kind", "layer", "head", "metric", "value", "n_rows"]
@@ -157,14 +157,14 @@ def test_plain_loop_numbers_equal_an_independent_probe_and_tau_sums_the_schedule
         assert live["tau"].iloc[0] == pytest.approx(tau, rel=1e-12, abs=0)
     manifest = results.read_manifest(run)
     assert [c["step"] for c in manifest["checkpoints"]] == monitor.planned
-    assert manifest["probe"]["attribution"]["steps"] == monitor.attribution_steps
-    assert manifest["probe"]["attribution"]["windows"] == vocab.MONITOR_ATTRIBUTION_WINDOWS
+    assert manifest["attribution"]["steps"] == monitor.attribution_steps
+    assert manifest["attribution"]["windows"] == vocab.MONITOR_ATTRIBUTION_WINDOWS
     gained = sorted(df[df.metric == vocab.GAIN].step.unique())
     assert gained == monitor.attribution_steps
     assert monitor.lr_max == 1e-2 and monitor.lr_max_source == "scheduler base lr"
 
 
-def test_plain_loop_logs_the_summary_scalars(plain_loop):
+def test_plain_loop_logs_the_live_scalars(plain_loop):
     run, monitor, logged, _, _, _ = plain_loop
     assert sorted(logged) == monitor.planned
     df = results.read_results(run)
@@ -248,10 +248,10 @@ def _frame(step: int, std: dict, entropy_norm: dict, peaked: dict | None = None)
     return df
 
 
-def test_summary_scalars_of_a_planted_frame():
+def test_live_scalars_of_a_planted_frame():
     std = {(0, 0): 1.0, (0, 1): 3.0, (0, 2): 2.0, (1, 0): 5.0, (1, 1): 4.0, "lm": 7.0}
     ent = {k: 0.5 for k in std if k != "lm"}
-    out = summary_scalars(_frame(3, std, ent, peaked={(0, 0): 0.9}), top_k=2)
+    out = live_scalars(_frame(3, std, ent, peaked={(0, 0): 0.9}), top_k=2)
     assert out["peakprobe/loss"] == 2.0 and out["peakprobe/lm_head/logit_std"] == 7.0
     assert out["peakprobe/L0/logit_std_median"] == 2.0 and out["peakprobe/L1/logit_std_median"] == 4.5
     assert out["peakprobe/L0/entropy_median"] == 1.0

@@ -111,7 +111,7 @@ def test_callback_numbers_equal_a_sweep_of_the_saved_checkpoints(runs, tmp_path)
     seq = from_local(out / "with" / "trainer")
     assert seq.steps == [SAVE_EVERY, 2 * SAVE_EVERY, STEPS]
     # the callback's default settings (live_config); the saved steps all run the attribution
-    attributed = results.read_manifest(out / "with" / "run")["probe"]["attribution"]["steps"]
+    attributed = results.read_manifest(out / "with" / "run")["attribution"]["steps"]
     assert set(seq.steps) <= set(attributed)
     sweep(seq, eval_windows(), tmp_path / "swept", live_config(), progress=False)
     live, swept = results.read_results(out / "with" / "run"), results.read_results(tmp_path / "swept")

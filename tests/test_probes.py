@@ -286,14 +286,15 @@ def test_structured_and_masked_paths_agree_and_fused_output_is_attention(tq, off
     by_mask = attention_forward_with_sums(
         q, k, v, mask=MaskSpec(mask=visible.view(1, 1, tq, -1), q_offset=off), **kw
     )
-    assert by_index[1] == by_mask[1]
-    torch.testing.assert_close(by_index[2], by_mask[2], rtol=1e-12, atol=1e-12)
-    assert torch.equal(by_index[3], by_mask[3])
+    assert by_index[1].names == by_mask[1].names
+    torch.testing.assert_close(by_index[1].sums, by_mask[1].sums, rtol=1e-12, atol=1e-12)
+    assert torch.equal(by_index[1].counts, by_mask[1].counts)
+    torch.testing.assert_close(by_index[1].maxima, by_mask[1].maxima, rtol=1e-12, atol=1e-12)
     ref = _eager(q, k, v, visible, sinks)
     for out in (by_index[0], by_mask[0]):
         torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     plain = attention_head_sums(q, k, mask=MaskSpec(q_offset=off), **kw)
-    torch.testing.assert_close(plain[1], by_index[2], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(plain.sums, by_index[1].sums, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("tq, off, tk, chunk", [
@@ -311,8 +312,9 @@ def test_causal_statistics_with_a_query_offset_match_a_float64_reference(tq, off
     g = torch.Generator().manual_seed(tq * 100 + tk)
     q = torch.randn(2, 2, tq, 8, generator=g, dtype=torch.float64) * 2
     k = torch.randn(2, 1, tk, 8, generator=g, dtype=torch.float64) * 2
-    names, sums, cnt = attention_head_sums(q, k, scaling=0.4, mask=MaskSpec(q_offset=off), chunk=chunk,
-                                           dtype=torch.float64)
+    site = attention_head_sums(q, k, scaling=0.4, mask=MaskSpec(q_offset=off), chunk=chunk,
+                               dtype=torch.float64)
+    names, sums, cnt = site.names, site.sums, site.counts
     z = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.4).numpy()  # (B, H, Tq, Tk)
     checked = set()
     for h in range(2):

@@ -17,12 +17,13 @@ import pytest
 import torch
 from conftest import STEPS, eval_data, write_sequence
 
-from peakprobe import results
+from peakprobe import results, vocab
+from peakprobe.checkpoint import probe_model
 from peakprobe.checkpoints_index import from_local
 from peakprobe.cli import main
+from peakprobe.config import ProbeConfig
 from peakprobe.corpus import build_tokenizer
-from peakprobe.hooks import ProbeConfig
-from peakprobe.sweep import SweepConfig, SweepError, probe_model, sweep
+from peakprobe.sweep import SweepConfig, SweepError, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +35,7 @@ def sequence(tmp_path_factory):
     return folder, models
 
 
-CONFIG = SweepConfig(batch_size=2, probe=ProbeConfig(sensitivity=True), prefetch=True)
+CONFIG = SweepConfig(batch_size=2, prefetch=True)
 
 
 def test_sweep_results_equal_direct_probes_of_each_model(sequence, tmp_path):
@@ -139,15 +140,24 @@ def test_sigkill_mid_sweep_then_resume_gives_identical_files(sequence, tmp_path)
         assert (ckdir / name).read_bytes() == (tmp_path / "ref" / "checkpoints" / name).read_bytes()
 
 
+def _assert_same_values(one: pd.DataFrame, two: pd.DataFrame) -> None:
+    """The same rows; values equal up to float32 rounding with another thread count (each
+    process takes its share of the cores, so the reductions run in another order). The
+    statistics stay within 1e-5; the attribution's searched gains and optima move with the loss's
+    rounding noise, so they are held to 1% (or 1e-6 of a nat) instead."""
+    pd.testing.assert_frame_equal(one.drop(columns="value"), two.drop(columns="value"))
+    searched = one["metric"].isin(vocab.ATTRIBUTION_METRICS).to_numpy()
+    np.testing.assert_allclose(two["value"][~searched], one["value"][~searched], rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(two["value"][searched], one["value"][searched], rtol=1e-2, atol=1e-6)
+
+
 def test_two_processes_give_the_same_result_set(sequence, tmp_path):
     folder, _ = sequence
     args = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "-q"]
     assert main(["sweep", str(folder), "--out", str(tmp_path / "one"), *args]) == 0
     assert main(["sweep", str(folder), "--out", str(tmp_path / "two"), "--processes", "2", *args]) == 0
     one, two = results.read_results(tmp_path / "one"), results.read_results(tmp_path / "two")
-    pd.testing.assert_frame_equal(one.drop(columns="value"), two.drop(columns="value"))
-    # Float32 forward/backward reductions may round differently with another thread count.
-    np.testing.assert_allclose(two["value"], one["value"], rtol=1e-5, atol=1e-9)
+    _assert_same_values(one, two)
     manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
     assert len(manifest["checkpoints"]) == len(STEPS)
 
@@ -176,5 +186,4 @@ def test_distributed_launch_two_cpu_processes_shard_through_accelerate(sequence,
     per_rank = [line for line in done.stdout.splitlines() if "checkpoints probed" in line]
     assert len(per_rank) == 2 and all(line.startswith("4 checkpoints probed") for line in per_rank)
     one, two = results.read_results(tmp_path / "one"), results.read_results(tmp_path / "two")
-    pd.testing.assert_frame_equal(one.drop(columns="value"), two.drop(columns="value"))
-    np.testing.assert_allclose(two["value"], one["value"], rtol=1e-5, atol=1e-9)
+    _assert_same_values(one, two)

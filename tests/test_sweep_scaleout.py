@@ -19,10 +19,10 @@ import peakprobe.sweep as sweep_mod
 from peakprobe import results
 from peakprobe.checkpoints_index import from_local
 from peakprobe.cli import main
-from peakprobe.hooks import ProbeConfig
+from peakprobe.config import AttributionConfig
 from peakprobe.sweep import SweepConfig, sweep
 
-CONFIG = SweepConfig(batch_size=2, probe=ProbeConfig(sensitivity=False))
+CONFIG = SweepConfig(batch_size=2, attribution=AttributionConfig(enabled=False))
 
 
 @pytest.fixture(scope="module")
@@ -101,14 +101,14 @@ sys.path.insert(0, {tests!r})
 from conftest import eval_data
 import peakprobe.sweep as sweep_mod
 from peakprobe.checkpoints_index import from_local
-from peakprobe.hooks import ProbeConfig
+from peakprobe.config import AttributionConfig
 
 real_load = sweep_mod.load_model
 def slow_load(*args, **kwargs):  # make the two processes overlap
     time.sleep(0.3)
     return real_load(*args, **kwargs)
 sweep_mod.load_model = slow_load
-config = sweep_mod.SweepConfig(batch_size=2, probe=ProbeConfig(sensitivity=False))
+config = sweep_mod.SweepConfig(batch_size=2, attribution=AttributionConfig(enabled=False))
 summary = sweep_mod.sweep(from_local({folder!r}), eval_data(), {run!r}, config, progress=False)
 print(json.dumps({{"done": summary.done, "busy": summary.busy, "skipped": summary.skipped}}))
 """
@@ -170,7 +170,7 @@ def test_each_model_is_gone_when_the_cleanup_runs(folder, tmp_path, monkeypatch,
     monkeypatch.setattr(sweep_mod, "load_model", tracked)
     monkeypatch.setattr(sweep_mod, "gc", TrackingGC)
     seq = from_local(folder).select(steps=[0, 4, 16])
-    config = SweepConfig(batch_size=2, prefetch=prefetch, probe=ProbeConfig(sensitivity=False))
+    config = SweepConfig(batch_size=2, prefetch=prefetch, attribution=AttributionConfig(enabled=False))
     sweep(seq, eval_data(), tmp_path / "run", config, progress=False)
     assert len(alive_at_cleanup) == 3
     for i, alive in enumerate(alive_at_cleanup):

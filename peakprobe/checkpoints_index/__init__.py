@@ -39,7 +39,9 @@ from .families import (
     ModelShape,
     pythia,
     pythia_default_steps,
+    pythia_parameters,
     pythia_schedule,
+    pythia_size,
 )
 from .hub import (
     check_hub_reachable,
@@ -75,7 +77,14 @@ from .schedules import (
     schedule_from_json,
     schedule_from_trainer_state,
 )
-from .selection import Selection, restrict_to_cache, select_available, with_schedule
+from .selection import (
+    Availability,
+    Selection,
+    available,
+    restrict_to_cache,
+    select_available,
+    with_schedule,
+)
 
 __all__ = [
     "ACCEPTED_FORMS",
@@ -97,7 +106,11 @@ __all__ = [
     "read_schedule_file",
     "restrict_to_cache",
     "schedule_from_csv",
+    "Availability",
     "Selection",
+    "available",
+    "pythia_parameters",
+    "pythia_size",
     "select_available",
     "with_schedule",
     "BUILTIN_FAMILIES_TEXT",

@@ -6,10 +6,10 @@ to do, so the command line can print it and exit non-zero without a traceback.
 
 from __future__ import annotations
 
-from ..vocab import PeakprobeWarning
+from ..vocab import PeakprobeError, PeakprobeWarning
 
 
-class CheckpointIndexError(ValueError):
+class CheckpointIndexError(PeakprobeError):
     """Base class of every user-facing error of ``peakprobe.checkpoints_index``."""
 
 

@@ -60,6 +60,18 @@ PYTHIA_SHAPES: dict[str, ModelShape] = {
     "6.9b": ModelShape(32, 4096, 32),
     "12b": ModelShape(36, 5120, 40),
 }
+#: padded vocabulary of every Pythia size (untied input and output embeddings)
+PYTHIA_VOCAB = 50304
+
+
+def pythia_parameters(size: str) -> int:
+    """Total parameters of Pythia ``size`` (embeddings included), from its shape:
+    12 d^2 + 13 d per GPT-NeoX layer, two untied V x d embeddings, a final layer norm."""
+    s = PYTHIA_SHAPES[size]
+    d = s.hidden_size
+    return s.n_layers * (12 * d * d + 13 * d) + 2 * PYTHIA_VOCAB * d + 2 * d
+
+
 PYTHIA_LR_MAX: dict[str, float] = {
     "14m": 1e-3,
     "31m": 1e-3,
@@ -184,3 +196,12 @@ def match_pythia(spec: str) -> tuple[str, bool, int | None] | None:
     size, deduped = m["size"].lower(), m["deduped"] is not None
     _check_size(size, deduped)
     return size, deduped, None if m["seed"] is None else int(m["seed"])
+
+
+def pythia_size(name: str) -> str | None:
+    """``70m`` for ``pythia-70m`` / ``EleutherAI/pythia-70m-deduped``; None for other names."""
+    try:
+        hit = match_pythia(name)
+    except UnknownFamilyError:
+        return None
+    return hit[0] if hit else None

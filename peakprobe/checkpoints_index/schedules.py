@@ -246,6 +246,14 @@ def _per_step(lr: Any, lr_max: Any = None) -> TableSchedule:
     return TableSchedule(range(len(lr)), lr, lr_max)
 
 
+def _ignored(keys: set[str], form: str) -> None:
+    """One warning naming the keys a schedule file carries beyond its form (training scripts
+    write losses and saved steps beside the learning rates)."""
+    if keys:
+        warnings.warn(f"the schedule is read as {form}; ignored its other keys: {', '.join(sorted(keys))}",
+                      CheckpointIndexWarning, stacklevel=3)
+
+
 def schedule_from_json(obj: Any) -> Schedule:
     """Build a schedule from any JSON form in :data:`ACCEPTED_FORMS`."""
     if isinstance(obj, list):
@@ -253,10 +261,11 @@ def schedule_from_json(obj: Any) -> Schedule:
     if not isinstance(obj, dict):
         raise ScheduleError(f"a schedule must be a JSON object or list; {ACCEPTED_FORMS}")
     if "kind" not in obj:
-        if set(obj) <= {"lr", "lr_max"} and "lr" in obj:
-            return _per_step(obj["lr"], obj.get("lr_max"))
         if {"steps", "lr"} <= set(obj):
             obj = {"kind": "table", **obj}
+        elif "lr" in obj:
+            _ignored(set(obj) - {"lr", "lr_max"}, "a per-step lr list")
+            return _per_step(obj["lr"], obj.get("lr_max"))
         else:
             raise ScheduleError(f"schedule has fields {', '.join(sorted(obj)) or 'none'}; {ACCEPTED_FORMS}")
     kind = obj["kind"]
@@ -266,12 +275,8 @@ def schedule_from_json(obj: Any) -> Schedule:
     keys = set(obj) - {"kind"}
     if missing := sorted(required - keys):
         raise ScheduleError(f"{kind} schedule is missing {', '.join(missing)}; {ACCEPTED_FORMS}")
-    if extra := sorted(keys - required - optional):
-        allowed = ", ".join(sorted(required | optional))
-        raise ScheduleError(
-            f"{kind} schedule has unknown fields {', '.join(extra)}; allowed: {allowed}"
-        )
-    args = {k: obj[k] for k in keys}
+    _ignored(keys - required - optional, f"a {kind} schedule")
+    args = {k: obj[k] for k in keys & (required | optional)}
     try:
         if kind == "warmup_cosine":
             return WarmupCosine(**{k: float(v) for k, v in args.items()})

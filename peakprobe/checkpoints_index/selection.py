@@ -7,11 +7,14 @@ they return what is available and one line saying what was requested but is miss
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import warnings
+from dataclasses import dataclass, field, replace
 
+from ..vocab import short_list
 from .cache import cached_refs
-from .errors import SelectionError, UnknownRevisionError
+from .errors import CheckpointIndexWarning, OfflineError, SelectionError, UnknownRevisionError
 from .families import pythia_default_steps
+from .hub import check_hub_reachable, offline_requested
 from .records import Checkpoint, CheckpointSequence
 from .schedules import Schedule
 
@@ -28,19 +31,20 @@ def with_schedule(seq: CheckpointSequence, schedule: Schedule) -> CheckpointSequ
     return replace(seq, checkpoints=checkpoints, schedule=schedule)
 
 
-def _short(names: list[str], limit: int = 6) -> str:
-    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
 @dataclass(frozen=True)
 class Selection:
-    """Which checkpoints to take: the arguments of ``CheckpointSequence.select``."""
+    """Which checkpoints to take: the arguments of ``CheckpointSequence.select``. Each field's
+    ``metadata`` is its command-line face (``peakprobe.cli.options``)."""
 
-    n: int | None = None
-    spacing: str = "log"
-    steps: list[int] | None = None
-    step_range: tuple[int, int] | None = None
-    revisions: list[str] | None = None
+    n: int | None = field(default=None, metadata={
+        "help": "pick N checkpoints (first and last included)", "flag": "--select", "metavar": "N"})
+    spacing: str = field(default="log", metadata={
+        "help": "spacing of --select (default %(default)s)", "choices": ("log", "linear")})
+    steps: list[int] | None = field(default=None, metadata={"help": "explicit steps, comma-separated"})
+    step_range: tuple[int, int] | None = field(default=None, metadata={
+        "help": "only steps in [A, B]", "metavar": "A:B"})
+    revisions: list[str] | None = field(default=None, metadata={
+        "help": "explicit revisions, comma-separated"})
 
     @property
     def empty(self) -> bool:
@@ -78,9 +82,9 @@ def select_available(
             (present if c.revision in have else missing).append(c.revision)
         if not present:
             raise SelectionError(f"none of the requested revisions of {full.name} is {where} "
-                                 f"(missing: {_short(missing)})")
+                                 f"(missing: {short_list(missing)})")
         if missing:
-            note = f"{len(missing)} requested revisions are not {where} and are skipped: {_short(missing)}"
+            note = f"{len(missing)} requested revisions are not {where} and are skipped: {short_list(missing)}"
         return available.select(revisions=present), note
     if n is None and step_range is None:
         if full.family == "pythia":
@@ -91,3 +95,40 @@ def select_available(
         note = (f"requested {n} checkpoints, selected {len(picked)}: only {len(available)} of the "
                 f"{len(full)} revisions of {full.name} are {where}")
     return picked, note
+
+
+@dataclass(frozen=True)
+class Availability:
+    """What can be probed of a sequence now: ``seq`` (the available checkpoints), ``where`` they
+    are (for messages: "on the hub", "in the HF cache", "available"), ``offline`` (read from the
+    HF cache only)."""
+
+    seq: CheckpointSequence
+    where: str
+    offline: bool
+
+
+def available(seq: CheckpointSequence, *, check_hub: bool) -> Availability:
+    """The checkpoints of ``seq`` that can be loaded: local folders as they are; hub revisions
+    from the HF cache when offline (``HF_HUB_OFFLINE=1``) or when the hub does not answer and the
+    cache holds some (``check_hub``: ask the hub first; one warning says the cache is used);
+    else every revision, from the hub. Offline with nothing cached and no hub check (listing),
+    the sequence itself (the built-in table)."""
+    if all(c.path is not None for c in seq):
+        return Availability(seq, "available", False)
+    offline = offline_requested()
+    if not offline and check_hub:
+        try:
+            check_hub_reachable(seq.source)
+        except OfflineError:
+            if not cached_refs(seq.source):
+                raise
+            warnings.warn(f"the hub is unreachable: using the revisions of {seq.source} in the HF cache",
+                          CheckpointIndexWarning, stacklevel=2)
+            offline = True
+    if offline:
+        cached = restrict_to_cache(seq)
+        if len(cached) or check_hub:
+            return Availability(cached, "in the HF cache", True)
+        return Availability(seq, "available", True)
+    return Availability(seq, "on the hub", False)

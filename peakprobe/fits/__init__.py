@@ -12,7 +12,7 @@ from .common import FitError
 from .growth import GrowthFit, fit_power_law, fit_power_law_many
 from .loss import LossFit, fit_loss_law
 from .run import RunFits, fit_run
-from .summary import format_summary
+from .text import format_fits
 from .third import judge_third
 
 __all__ = [
@@ -24,6 +24,6 @@ __all__ = [
     "fit_power_law",
     "fit_power_law_many",
     "fit_run",
-    "format_summary",
+    "format_fits",
     "judge_third",
 ]

@@ -51,7 +51,7 @@ NOT_PEAKED = "no softmax is peaked: the 1/3 mechanism does not apply"
 def peaked_criteria(site_kind: str, available: set[str]) -> list[str]:
     """The peakedness flags used for a site kind, given the metric names the results hold."""
     out = []
-    for base in ("peaked", vocab.PEAKED_ENTROPY):
+    for base in (vocab.PEAKED, vocab.PEAKED_ENTROPY):
         names = [base + vocab.XSINK_SUFFIX, base] if site_kind == vocab.ATTN else [base]
         for name in names:
             if name in available:

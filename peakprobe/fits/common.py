@@ -23,12 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import norm
 
+from peakprobe.vocab import PeakprobeError
+
 DELTA = 1e-3  # Huber threshold on log-space residuals (Epoch AI practice)
 FEW_POINTS = 8  # fewer points than this: the `few_points` flag
 MONOTONE_NOISE_UNITS = 4.0  # a reversal must exceed this many noise standard deviations
 
 
-class FitError(ValueError):
+class FitError(PeakprobeError):
     """A curve cannot be fitted (too few usable points, bad arguments)."""
 
 

@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import OptimizeWarning, curve_fit
 
-from peakprobe.checkpoints_index import PYTHIA_SHAPES, UnknownFamilyError, pythia_schedule
-from peakprobe.checkpoints_index.families import match_pythia
+from peakprobe.checkpoints_index import pythia_schedule
+from peakprobe.checkpoints_index.families import pythia_parameters, pythia_size
 
 from ..vocab import BAND
 from .common import FitError
@@ -49,7 +49,6 @@ SCAN_STARTS = 8
 SCAN_MIN_POINTS = 10
 RISE_NOISE_UNITS = 3.0
 SCAN_MIN_SPAN = 30.0  # the last t over the first in each scanned window (1.5 decades)
-PYTHIA_VOCAB = 50304  # padded vocabulary of every Pythia size (untied in/out embeddings)
 SCAN_COLUMNS = ["model", "t_min_step", "t_min", "n_points", "alpha", "alpha_lo", "alpha_hi",
                 "verdict", "drift"]
 
@@ -86,23 +85,6 @@ class CurveResult:
     band: tuple[float, float]
     t_min_step: float
     t_max_step: float | None
-
-
-def pythia_parameters(size: str) -> int:
-    """Total parameters of Pythia ``size`` (embeddings included), from its shape:
-    12 d^2 + 13 d per GPT-NeoX layer, two untied V x d embeddings, a final layer norm."""
-    s = PYTHIA_SHAPES[size]
-    d = s.hidden_size
-    return s.n_layers * (12 * d * d + 13 * d) + 2 * PYTHIA_VOCAB * d + 2 * d
-
-
-def pythia_size(name: str) -> str | None:
-    """``70m`` for ``pythia-70m`` / ``EleutherAI/pythia-70m-deduped``; None for other names."""
-    try:
-        hit = match_pythia(name)
-    except UnknownFamilyError:
-        return None
-    return hit[0] if hit else None
 
 
 def _schedule_for(model: str, family: str | None, schedule):

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,13 +41,15 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from peakprobe import results, vocab
+from peakprobe.config import FitConfig
 from peakprobe.results import FITS_SCHEMA
 
 from . import classify, window
 from .common import FEW_POINTS, FitError, bh_qvalues, p_at_most, percentile_interval
 from .growth import MIN_POINTS, fit_power_law_boot
+from .loss import MIN_POINTS as LOSS_MIN_POINTS
 from .loss import LossFit, fit_loss_law_boot
-from .third import check_band, judge_third
+from .third import judge_third
 
 FITS_JSON_FORMAT = 2
 LATE_MIN_POINTS = 6
@@ -77,6 +79,7 @@ class RunFits:
     step_min: int = 0
     step_max: int = 0
     excluded: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # fits that lacked points (fits.json "skipped")
 
 
 def _checkpoints(df: pd.DataFrame) -> pd.DataFrame:
@@ -125,24 +128,17 @@ def _fit_series(t: np.ndarray, y: np.ndarray, n_boot: int, seed: int, progress: 
     return out, boots
 
 
-def fit_run(
-    run_dir: str | os.PathLike,
-    *,
-    time_axis: str = "auto",
-    t_min: float | None = None,
-    t_max: float | None = None,
-    t_min_step: float | None = None,
-    t_max_step: float | None = None,
-    band: tuple[float, float] = vocab.BAND,
-    n_boot: int = 1000,
-    seed: int = 0,
-    progress: bool = False,
-) -> RunFits:
-    """Fit a run directory and write RUN/fits.parquet and RUN/fits.json (module docstring)."""
-    try:
-        band = check_band(band)
-    except ValueError as exc:
-        raise FitError(str(exc)) from None
+def fit_run(run_dir: str | os.PathLike, config: FitConfig | None = None, *, progress: bool = False,
+            **overrides) -> RunFits:
+    """Fit a run directory and write RUN/fits.parquet and RUN/fits.json (module docstring).
+
+    ``config`` (default ``FitConfig()``), with any of its fields replaced by ``overrides``
+    (``fit_run(run, n_boot=200)``). A fit whose window holds too few points is skipped and
+    listed in ``RunFits.skipped`` (and fits.json's ``skipped``); the others still run."""
+    config = replace(config or FitConfig(), **overrides)
+    band, n_boot, seed = config.band, config.n_boot, config.seed
+    time_axis, t_min, t_max = config.time_axis, config.t_min, config.t_max
+    t_min_step, t_max_step = config.t_min_step, config.t_max_step
     run_dir = Path(run_dir)
     manifest = results.read_manifest(run_dir)
     df = results.read_results(run_dir)
@@ -160,6 +156,10 @@ def fit_run(
     t = ck[axis].to_numpy(dtype=float)[keep]
     steps = steps_all[keep]
     t_end = float(t[-1])
+    positive = steps_all[ck[axis].to_numpy(dtype=float) > 0]
+    skipped = []
+    if len(t) < MIN_POINTS:
+        skipped.append(window.skipped_fit(vocab.FIT_GROWTH, len(t), MIN_POINTS, steps, positive))
 
     wide = df.pivot_table(index=KEYS, columns="step", values="value", aggfunc="first", sort=True)
     wide = wide.reindex(columns=steps_all)
@@ -184,12 +184,12 @@ def fit_run(
     grow = np.flatnonzero(np.isin(metric, vocab.GROWTH_METRICS))
     fits, _ = _fit_series(t, values[grow][:, keep], n_boot, seed, progress, "growth fits")
     for r, fit in zip(grow, fits, strict=True):
-        add("growth", r, fit)
+        add(vocab.FIT_GROWTH, r, fit)
     growth_of = {site_of[r]: fit for r, fit in zip(grow, fits, strict=True)
-                 if metric[r] == "logit_std"}
+                 if metric[r] == vocab.LOGIT_STD}
 
     # late logit_std fits -> "still growing" p-values
-    std_rows = np.flatnonzero(metric == "logit_std")
+    std_rows = np.flatnonzero(metric == vocab.LOGIT_STD)
     late_fits, late_boots = _fit_series(t[_late(t)], values[std_rows][:, keep][:, _late(t)],
                                         n_boot, seed, progress, "late fits", keep_boot=True)
     late_of = {}
@@ -201,12 +201,16 @@ def fit_run(
                                "alpha_late_hi": fit.get("alpha_hi", math.nan), "p_growing": p}
 
     loss_fit, loss_boot, loss_row = None, None, None
-    lr = np.flatnonzero((metric == "loss") & (keys["site_kind"].to_numpy() == vocab.LM_HEAD))
+    lr = np.flatnonzero((metric == vocab.LOSS) & (keys["site_kind"].to_numpy() == vocab.LM_HEAD))
     if len(lr):
         loss_row = int(lr[0])
-        loss_fit, loss_boot = fit_loss_law_boot(t, values[loss_row, keep], n_boot=n_boot,
-                                                seed=seed)
-        add("loss", loss_row, {**loss_fit.__dict__, "flags": ";".join(loss_fit.flags)})
+        usable = int((np.isfinite(values[loss_row, keep]) & (values[loss_row, keep] > 0)).sum())
+        if usable < LOSS_MIN_POINTS:
+            skipped.append(window.skipped_fit(vocab.FIT_LOSS, usable, LOSS_MIN_POINTS, steps, positive))
+        else:
+            loss_fit, loss_boot = fit_loss_law_boot(t, values[loss_row, keep], n_boot=n_boot,
+                                                    seed=seed)
+            add(vocab.FIT_LOSS, loss_row, {**loss_fit.__dict__, "flags": ";".join(loss_fit.flags)})
 
     # gain fits: G = c t^-alpha (alpha = minus the fitted slope) and shares of L - L0
     gain_rows = np.flatnonzero(metric == vocab.GAIN)
@@ -219,7 +223,7 @@ def fit_run(
         if "alpha" in fit:
             fit = {**fit, "alpha": -fit["alpha"], "alpha_lo": -fit["alpha_hi"],
                    "alpha_hi": -fit["alpha_lo"]}
-        add("gain", r, fit)
+        add(vocab.FIT_GAIN, r, fit)
         share = lo = hi = p = math.nan
         if "alpha" in fit and math.isfinite(r_end):
             share = fit["c"] * t_end ** -fit["alpha"] / r_end
@@ -246,7 +250,7 @@ def fit_run(
     doc = _document(
         axis=axis, band=band, win=win, t=t, steps=steps, excluded=excluded, spikes=spikes,
         scan=scan, loss=loss_fit, sites=sites, kinds=kinds, available=available,
-        failures=bool(results.read_failures(run_dir)),
+        failures=bool(results.read_failures(run_dir)), skipped=skipped,
     )
     results.write_parquet(run_dir / results.FITS, table, FITS_SCHEMA)
     results.write_json(run_dir / results.FITS_JSON, doc)
@@ -254,7 +258,7 @@ def fit_run(
         run_dir=run_dir, model=str(manifest.get("model", "")), time_axis=axis,
         t_min=float(t[0]), t_max=t_end, n_points=int(keep.sum()), table=table, sites=sites,
         loss=loss_fit, verdict=doc, band=band, step_min=int(steps[0]), step_max=int(steps[-1]),
-        excluded=excluded,
+        excluded=excluded, skipped=skipped,
     )
 
 
@@ -316,7 +320,7 @@ def _attention_growth(sites: pd.DataFrame, values: np.ndarray, site_of: list, me
                 (peaked, "peaked heads") if len(peaked) else (heads, "heads"))
     chosen = {(vocab.ATTN, int(r.layer), int(r.head)) for r in pick.itertuples()}
     rows = [i for i, (s, m) in enumerate(zip(site_of, metric, strict=True))
-            if m == "logit_std" and s in chosen]
+            if m == vocab.LOGIT_STD and s in chosen]
     if not rows:
         return None
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
@@ -390,8 +394,8 @@ def _table(rows: list[dict], sites: pd.DataFrame, band: tuple[float, float],
     idx = pd.MultiIndex.from_frame(table[SITE_KEYS])
     table["peaked"] = per_site["peaked"].reindex(idx).fillna(False).astype(bool).to_numpy()
     table["sensitivity"] = per_site["sensitivity"].reindex(idx).to_numpy(dtype=float)
-    std = (table["fit"] == "growth") & (table["metric"] == "logit_std")
-    gain = table["fit"] == "gain"
+    std = (table["fit"] == vocab.FIT_GROWTH) & (table["metric"] == vocab.LOGIT_STD)
+    gain = table["fit"] == vocab.FIT_GAIN
     for cols, mask in ((("alpha_late", "alpha_late_lo", "alpha_late_hi", "p_growing",
                          "q_growing"), std),
                        (("share", "share_lo", "share_hi", "p_share", "q_share"), gain)):
@@ -410,8 +414,8 @@ def _json_float(v: float | None) -> float | None:
 def _document(*, axis: str, band: tuple[float, float], win: window.Window, t: np.ndarray,
               steps: np.ndarray, excluded: list, spikes: list, scan: dict,
               loss: LossFit | None, sites: pd.DataFrame, kinds: dict, available: set[str],
-              failures: bool) -> dict:
-    flags = []
+              failures: bool, skipped: list[dict]) -> dict:
+    flags = [f"skipped_{s['fit']}" for s in skipped]
     if loss is None:
         flags.append("no_loss")
         loss_block = None
@@ -458,6 +462,7 @@ def _document(*, axis: str, band: tuple[float, float], win: window.Window, t: np
         "spikes": spikes,
         "loss": loss_block,
         "loss_scan": scan,
+        "skipped": skipped,
         "bottleneck": {
             "verdict": verdict,
             "reason": reason,

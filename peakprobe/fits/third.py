@@ -14,18 +14,10 @@ from __future__ import annotations
 
 import math
 
+from ..config import check_band
 from ..vocab import BAND, CONSISTENT, INCONCLUSIVE, INCONSISTENT, THIRD
 
-
-def check_band(band: tuple[float, float]) -> tuple[float, float]:
-    """The band as two floats, lo < 1/3 < hi; a ValueError with one line otherwise."""
-    try:
-        lo, hi = (float(band[0]), float(band[1]))
-    except (TypeError, ValueError, IndexError):
-        raise ValueError(f"the band must be two numbers LO,HI around 1/3, got {band!r}") from None
-    if not (lo < THIRD < hi):
-        raise ValueError(f"the band [{lo:g}, {hi:g}] must contain 1/3 strictly inside")
-    return lo, hi
+__all__ = ["check_band", "judge_third"]
 
 
 def judge_third(lo: float | None, hi: float | None, band: tuple[float, float] = BAND) -> str:

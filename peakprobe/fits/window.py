@@ -33,9 +33,12 @@ from peakprobe import results
 
 from .common import FitError, noise_scale
 from .curve import window_scan
-from .growth import MIN_POINTS
 from .loss import LossFit
 
+#: the fewest checkpoints a window may hold (fewer: nothing at all can be fitted, an error);
+#: each fit needs its own minimum (growth MIN_POINTS, the loss law loss.MIN_POINTS), and one
+#: that lacks points is skipped and listed while the others run
+MIN_WINDOW = 2
 WARMUP_FRACTION = 0.01
 SPIKE_NOISE_UNITS = 4.0
 SPIKE_MIN = 0.005  # in log loss: a 0.5% jump
@@ -100,13 +103,26 @@ def choose(ck: pd.DataFrame, axis: str, manifest: dict, *, t_min: float | None,
         keep &= t <= t_max
     if t_max_step is not None:
         keep &= steps <= t_max_step
-    if keep.sum() < MIN_POINTS:
+    if keep.sum() < MIN_WINDOW:
         raise FitError(
-            f"only {int(keep.sum())} checkpoints fall in the fit window (need at least "
-            f"{MIN_POINTS}); sweep more checkpoints or widen the window with --t-min / "
-            "--t-max (or --t-min-step / --t-max-step)"
+            f"only {int(keep.sum())} checkpoints fall in the fit window (nothing can be fitted to "
+            f"fewer than {MIN_WINDOW}); sweep more checkpoints or {widen_hint(steps[t > 0])}"
         )
     return Window(axis=axis, keep=keep, start_rule=rule)
+
+
+def widen_hint(steps: np.ndarray) -> str:
+    """How to widen the window: the options, with the run's first step that has t > 0."""
+    first = f" (e.g. --t-min-step {int(steps.min())}, the run's first)" if len(steps) else ""
+    return f"widen the window with --t-min-step{first} / --t-max-step or --t-min / --t-max"
+
+
+def skipped_fit(fit: str, n: int, needed: int, steps: np.ndarray, all_steps: np.ndarray) -> dict:
+    """fits.json's record of a fit that could not run for lack of points in the window."""
+    where = f"steps {int(steps[0])}-{int(steps[-1])}" if len(steps) else "no checkpoints"
+    return {"fit": fit, "n_points": int(n), "needed": int(needed),
+            "reason": f"{n} checkpoints in the window ({where}), the {fit} fit needs {needed}; "
+                      f"{widen_hint(all_steps)}"}
 
 
 def _default_start(steps: np.ndarray, manifest: dict) -> tuple[float, str]:

@@ -15,7 +15,7 @@ from .monitor import (
     planned_steps,
     training_state_preserved,
 )
-from .scalars import alarms, summary_scalars
+from .scalars import alarms, live_scalars
 
 __all__ = [
     "Monitor",
@@ -25,7 +25,7 @@ __all__ = [
     "attribution_steps",
     "live_config",
     "planned_steps",
-    "summary_scalars",
+    "live_scalars",
     "training_state_preserved",
 ]
 

@@ -43,6 +43,7 @@ import os
 import random
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -54,27 +55,22 @@ import pandas as pd
 import torch
 
 from .. import results, vocab
+from ..checkpoint import DTYPES, probe_model, tidy_frame, uses_attention_interface
 from ..checkpoints_index import Checkpoint, CheckpointSequence, schedule_from_json
+from ..config import AttributionConfig, ProbeConfig, SweepConfig
 from ..data import EvalData
-from ..hooks import CompileError, ProbeConfig, UnsupportedModelError
-from ..sweep import (
-    DTYPES,
-    SweepConfig,
-    SweepSummary,
-    build_manifest,
-    prepare_run_dir,
-    probe_model,
-    tidy_frame,
-)
-from .scalars import alarms, summary_scalars
+from ..hooks import CompileError, UnsupportedModelError
+from ..sweep import SweepOutcome, build_manifest, prepare_run_dir
+from .scalars import alarms, live_scalars
 
 logger = logging.getLogger("peakprobe.monitor")
 
 #: manifest entries that must match for a live run to continue in an existing run directory
-_IDENTITY = ("format", "model", "source", "data", "probe", "load")
+#: (its checkpoints grow as it goes: the planned steps are compared instead)
+_IDENTITY = ("format", "model", "source", "data", "probe", "attribution", "load")
 
 
-class MonitorError(ValueError):
+class MonitorError(vocab.PeakprobeError):
     """A Monitor that cannot run: bad planned steps, no model watched, another run's folder."""
 
 
@@ -109,10 +105,11 @@ def planned_steps(
     return sorted(points | {int(s) for s in steps})
 
 
-def live_config(**probe: Any) -> SweepConfig:
-    """The Monitor's default probe settings: a sweep's, with the attribution on
+def live_config(*, attribution: bool = True, **probe: Any) -> SweepConfig:
+    """The Monitor's default settings: a sweep's, with the attribution (when on) on
     ``vocab.MONITOR_ATTRIBUTION_WINDOWS`` windows (``probe`` overrides ProbeConfig fields)."""
-    return SweepConfig(probe=ProbeConfig(**{"attribution_windows": vocab.MONITOR_ATTRIBUTION_WINDOWS, **probe}))
+    return SweepConfig(probe=ProbeConfig(**probe), attribution=AttributionConfig(
+        enabled=attribution, windows=vocab.MONITOR_ATTRIBUTION_WINDOWS))
 
 
 def attribution_steps(planned: Iterable[int], n_points: int | None, *, start: int = 1) -> list[int]:
@@ -192,6 +189,15 @@ class Monitor:
     included) also run the attribution when ``config`` asks for it; None: all of them.
     ``schedule`` (a schedule.json record) only describes the run in the manifest (the fits
     start their window after its ``warmup_steps``); tau always comes from the recorded rates.
+    ``logit_max_alarm``: the largest attention logit that raises an alarm naming the head
+    (default ``vocab.LOGIT_MAX_ALARM``, 100; None: none).
+
+    Any PyTorch model whose attention calls ``F.scaled_dot_product_attention`` (nanoGPT, litgpt,
+    OLMo-core, torchtitan's sdpa path) is probed through those calls (``hooks.sdpa``): a model
+    that does not route its attention through transformers' attention interface is, and so is
+    any model given ``forward`` (``forward(input_ids)`` returns the logits, for models whose own
+    call takes other arguments). Those probes measure the statistics; the attribution (gains)
+    needs the attention interface and is left out, with one warning.
     """
 
     def __init__(
@@ -219,8 +225,12 @@ class Monitor:
         rank: int | None = None,
         force: bool = False,
         command: str | None = None,
+        logit_max_alarm: float | None = vocab.LOGIT_MAX_ALARM,
+        forward: Callable | None = None,
     ) -> None:
         self.data = data
+        self.logit_max_alarm = logit_max_alarm
+        self.forward = forward
         self.run_dir = Path(run_dir)
         self.total_steps = int(total_steps)
         self.planned = planned_steps(total_steps, n_points, start=start, every=every, steps=steps)
@@ -228,8 +238,8 @@ class Monitor:
         self._planned_set = set(self.planned)
         self.config = config or live_config()
         self.attribution_steps = (attribution_steps(self.planned, attribution_points, start=self.start)
-                                  if self.config.probe.attribution else [])
-        self._stats_only = replace(self.config, probe=replace(self.config.probe, sensitivity=False))
+                                  if self.config.attribution.active else [])
+        self._stats_only = replace(self.config, attribution=replace(self.config.attribution, enabled=False))
         self.name = name
         self.source = source or str(self.run_dir.resolve())
         self.schedule = None if schedule is None else schedule_from_json(schedule)
@@ -259,6 +269,11 @@ class Monitor:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             model = model.module  # probe the module itself: no gradient sync, rank 0 alone
         self.model = model
+        if (self.forward is not None or not uses_attention_interface(model)) and self.config.attribution.active:
+            warnings.warn(f"{type(model).__name__} is probed through its F.scaled_dot_product_attention "
+                          "calls: statistics only (the attribution needs transformers' attention "
+                          "interface)", vocab.PeakprobeWarning, stacklevel=2)
+            self.config, self.attribution_steps = self._stats_only, []
         if optimizer is not None and self._hook is None:
             inner = _inner_optimizer(optimizer)
             self._hook = inner.register_step_pre_hook(self._record_lr)
@@ -339,7 +354,7 @@ class Monitor:
         try:
             with training_state_preserved(self.model):
                 config = self.config if step in self.attribution_steps else self._stats_only
-                frame = probe_model(self.model, self.data, config)
+                frame = probe_model(self.model, self.data, config, forward=self.forward)
             tidy = tidy_frame(frame, self._sequence(), ckpt)
             results.write_checkpoint(self.run_dir, ckpt.revision, tidy)
         except (UnsupportedModelError, CompileError):
@@ -359,22 +374,22 @@ class Monitor:
         # logit std grows fast away from the initialisation and in warmup: compare only from
         # the first log-spaced step (``start``, the warmup's end where known) on
         jumps = self._previous is not None and int(self._previous["step"].iloc[0]) >= self.start
-        for message in alarms(self._previous, tidy, jumps=jumps):
+        for message in alarms(self._previous, tidy, jumps=jumps, logit_max_limit=self.logit_max_alarm):
             self.alarms.append(message)
             logger.warning("peakprobe: %s", message)
         self._previous = tidy
         self._write_manifest()
-        scalars = summary_scalars(tidy, self.top_k)
+        scalars = live_scalars(tidy, self.top_k)
         if ckpt.tau is not None:
             scalars["peakprobe/tau"] = ckpt.tau
         scalars["peakprobe/probe_seconds"] = seconds
         self._emit(scalars, step)
         return tidy
 
-    def summary(self) -> SweepSummary:
+    def outcome(self) -> SweepOutcome:
         """What the run directory holds, in the sweep's terms (probed / failed revisions)."""
         done = sorted(p.stem for p in (self.run_dir / results.CHECKPOINTS).glob("*.parquet"))
-        return SweepSummary(self.run_dir, done, [], list(self.failed))
+        return SweepOutcome(self.run_dir, done, [], list(self.failed))
 
     # -- writing -------------------------------------------------------------------------------
     def _sequence(self) -> CheckpointSequence:
@@ -389,8 +404,8 @@ class Monitor:
         if dtype in DTYPES and dtype != config.dtype:
             config = replace(config, dtype=dtype)  # the manifest states what was probed
         manifest = build_manifest(self._sequence(), self.data, config, self.command)
-        if manifest["probe"].get("attribution"):  # live probes run it at these steps only
-            manifest["probe"]["attribution"]["steps"] = list(self.attribution_steps)
+        if manifest.get("attribution"):  # live probes run it at these steps only
+            manifest["attribution"]["steps"] = list(self.attribution_steps)
         return manifest
 
     def _prepare(self) -> None:
@@ -400,8 +415,8 @@ class Monitor:
         manifest = self._manifest()
         path = self.run_dir / results.MANIFEST
         if path.exists() and not self.force:
-            old = results.read_json(path)
-            same = {k: old.get(k) for k in _IDENTITY} == {k: manifest.get(k) for k in _IDENTITY}
+            old = results.read_manifest(self.run_dir)
+            same = results.run_identity(old, _IDENTITY) == results.run_identity(manifest, _IDENTITY)
             old_steps = sorted(c["step"] for c in old.get("checkpoints", []))
             if not same or old_steps != self.planned:
                 raise MonitorError(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .accumulate import SiteSums, reduce_rows
 from .gaussian_entropy import load_tables
 from .rows import attn_metric_names, compiled_call, finish, raw_block_sums, tail_masks
 from .sums import Sums, merge, merge_one, normalized
@@ -223,22 +224,13 @@ def _cat_sums(parts: list[Sums], shape: tuple[int, ...]) -> Sums:
 
 
 def _head_sums(core_raw: Sums, edge_raw: Sums | None, first, present, ok, sink, names, n_max=None):
-    """Per-head sums (H, M) and counts (H, M) of the statistics ``names`` from the rows' raw
-    sums: core and edge parts (B, H, Tq; edge None: none), the first visible key's logit, kept rows ``ok``;
-    ``n_max`` bounds the rows' key counts (``finish``)."""
+    """The ``SiteSums`` of the statistics ``names`` from the rows' raw sums: core and edge parts
+    (B, H, Tq; edge None: none), the first visible key's logit, kept rows ``ok``; ``n_max``
+    bounds the rows' key counts (``finish``). Also returns the rows' merged ``Sums``."""
     rest = normalized(core_raw) if edge_raw is None else merge(normalized(core_raw), normalized(edge_raw))
     keys = merge_one(rest, first, present)
     stats = finish(keys, ok, first=first, rest=rest, sink=sink, n_max=n_max)
-    b, h, tq = first.shape
-    # values are 0 wherever their weight (0 or 1) is: their sum is the weighted sum
-    sums = torch.stack([stats.values[n].expand(b, h, tq).sum(dim=(0, 2)) for n in names], -1)
-    count: dict[int, torch.Tensor] = {}  # one count per distinct weight tensor
-    for n in names:
-        w = stats.weight[n]
-        if id(w) not in count:
-            count[id(w)] = w.expand(b, h, tq).sum(dim=(0, 2))
-    counts = torch.stack([count[id(stats.weight[n])] for n in names], -1)
-    return sums, counts, keys
+    return reduce_rows(stats, names, first.shape, 1), keys
 
 
 def _compiled_head_sums(*args, n_max=None):
@@ -322,7 +314,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     names = attn_metric_names(sinks is not None)
     reduce = _compiled_head_sums if compiled else _head_sums
     every = present if not structured else None  # structured: key 0 is in every row
-    sums, counts, keys = reduce(core_raw, edge_raw, first, every, ok, sink, names, n_max=tk)
+    site, keys = reduce(core_raw, edge_raw, first, every, ok, sink, names, n_max=tk)
     out = None
     if value is not None:
         lse = stats_lse(keys, sink)  # (B, H, Tq)
@@ -343,7 +335,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
             out = out + weighted(diag_out, edge_raw.m)
         out = torch.where(present.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype, device=out.device))
         out = out.to(query.dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv) like HF
-    return names, sums, counts, out
+    return site, out
 
 
 def stats_lse(keys: Sums, sink: torch.Tensor | None) -> torch.Tensor:
@@ -366,8 +358,9 @@ def attention_head_sums(
     position_bias: torch.Tensor | None = None,
     compiled: bool = False,
     work: Workspace | None = None,
-) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
-    """Per-head sums and row counts of every attention statistic.
+) -> SiteSums:
+    """Per-head sums and row counts of every attention statistic, the largest logit and the
+    rows' histograms (``SiteSums``).
 
     Args:
         query: (B, H, Tq, D); key: (B, Hkv, Tk, D) with H a multiple of Hkv.
@@ -379,15 +372,12 @@ def attention_head_sums(
         compiled: reduce each block with the ``torch.compile``-fused sums (``rows``): the
             same statistics in about two passes over the block instead of one per op.
         work: where the block-sized temporaries go (``workspace``; fresh tensors if None).
-
-    Returns:
-        (metric names, sums (H, M) float64, counts (H, M) float64).
     """
-    names, sums, counts, _ = _run(
+    site, _ = _run(
         query, key, None, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
         chunk=chunk, dtype=dtype, sinks=sinks, bias=position_bias, compiled=compiled, work=work,
     )  # fmt: skip
-    return names, sums, counts
+    return site
 
 
 def attention_forward_with_sums(
@@ -395,13 +385,13 @@ def attention_forward_with_sums(
     key: torch.Tensor,
     value: torch.Tensor,
     **kwargs,
-) -> tuple[torch.Tensor, tuple[str, ...], torch.Tensor, torch.Tensor]:
-    """The fused path: (attention output (B, Tq, H, Dv) in query's dtype, names, sums, counts).
+) -> tuple[torch.Tensor, SiteSums]:
+    """The fused path: (attention output (B, Tq, H, Dv) in query's dtype, ``SiteSums``).
 
     Same arguments as ``attention_head_sums``. The output is softmax(z) @ V from the very
     exponentials the statistics use (the sink takes probability but adds no value); rows with
     no visible key get zeros. Within float rounding of eager attention, not bit-identical."""
-    names, sums, counts, out = _run(
+    site, out = _run(
         query, key, value, scaling=kwargs.pop("scaling"), mask=kwargs.pop("mask"),
         softcap=kwargs.pop("softcap", None), row_valid=kwargs.pop("row_valid", None),
         chunk=kwargs.pop("chunk", 32), dtype=kwargs.pop("dtype", torch.float32),
@@ -410,4 +400,4 @@ def attention_forward_with_sums(
     )  # fmt: skip
     if kwargs:
         raise TypeError(f"unexpected arguments {sorted(kwargs)}")
-    return out, names, sums, counts
+    return out, site

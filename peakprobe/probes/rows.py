@@ -129,7 +129,7 @@ def _fused_sums(x: torch.Tensor, valid: torch.Tensor | None, clamp_lo: float, lo
 _COMPILED: dict = {}  # function -> its torch.compile'd form, made on first use
 
 
-class CompileError(ValueError):
+class CompileError(vocab.PeakprobeError):
     """``torch.compile`` cannot build the fused reductions here (one line; fatal to a sweep)."""
 
 
@@ -336,32 +336,34 @@ def finish(
     two_opt = two_keys if sink is None else (ok & (soft.n > 1)).to(f64)
     b_eff, p_ent = _peaked_entropy(entropy, opt_n)
     values = {
-        "entropy": entropy,
-        "entropy_norm": entropy / opt_n.log_n,
-        "max_prob": max_prob,
-        "logit_std": std,
-        "logit_max_minus_mean": max_minus_mean,
-        "logit_top_gap": keys.m - keys.m2,
-        "peaked": (std > key_n.threshold).to(f64),
+        vocab.ENTROPY: entropy,
+        vocab.ENTROPY_NORM: entropy / opt_n.log_n,
+        vocab.MAX_PROB: max_prob,
+        vocab.LOGIT_STD: std,
+        vocab.LOGIT_MAX_MINUS_MEAN: max_minus_mean,
+        vocab.LOGIT_TOP_GAP: keys.m - keys.m2,
+        vocab.PEAKED: (std > key_n.threshold).to(f64),
     }
     weight = {name: okf for name in values}
-    weight["entropy_norm"] = two_opt
-    weight["logit_top_gap"] = two_keys
+    weight[vocab.ENTROPY_NORM] = two_opt
+    weight[vocab.LOGIT_TOP_GAP] = two_keys
     if first is not None:
-        values["first_key_prob"] = (first.to(f64) - lse).exp()
-        weight["first_key_prob"] = okf
+        values[vocab.FIRST_KEY_PROB] = (first.to(f64) - lse).exp()
+        weight[vocab.FIRST_KEY_PROB] = okf
     if target_logit is not None:
         zt = target_logit.to(f64)
         tgt = (ok & ~torch.isnan(zt)).to(f64)
         loss = lse - zt
-        values["loss"] = loss
-        values["target_prob"] = (-loss).exp()
-        values["target_logit_minus_mean"] = zt - (keys.m - max_minus_mean)
-        for name in ("loss", "target_prob", "target_logit_minus_mean"):
+        values[vocab.LOSS] = loss
+        values[vocab.TARGET_PROB] = (-loss).exp()
+        values[vocab.TARGET_LOGIT_MINUS_MEAN] = zt - (keys.m - max_minus_mean)
+        for name in vocab.LM_EXTRA:
             weight[name] = tgt
     values[vocab.BETA_EFF] = b_eff
     values[vocab.PEAKED_ENTROPY] = p_ent
     weight[vocab.BETA_EFF] = weight[vocab.PEAKED_ENTROPY] = two_opt
+    values[vocab.LOGIT_ROW_MAX] = keys.m  # the real options' max (a learned sink is not one)
+    weight[vocab.LOGIT_ROW_MAX] = okf
     if rest is not None:
         rest_n = counts(rest.n, n_max)
         x_ent, x_max, _ = _softmax_stats(rest)

@@ -7,9 +7,9 @@ docs/summary_schema.md), ``summary.md`` and ``figures/*.png|svg``. It computes n
 draws what ``fit`` and ``sweep`` wrote. Never imports torch.
 """
 
-from peakprobe.reports.markdown import summary_markdown
+from peakprobe.reports.digest import build_digest
+from peakprobe.reports.markdown import digest_markdown
 from peakprobe.reports.render import FIGURE_NAMES, ReportPaths, render_report
-from peakprobe.reports.summary import build_summary
 from peakprobe.reports.tables import (
     HEADS_COLUMNS,
     HEADS_SCHEMA,
@@ -26,9 +26,9 @@ __all__ = [
     "ReportError",
     "ReportPaths",
     "RunData",
-    "build_summary",
+    "build_digest",
     "heads_table",
     "load_run",
     "render_report",
-    "summary_markdown",
+    "digest_markdown",
 ]

@@ -32,9 +32,10 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from peakprobe import results
+from peakprobe import results, vocab
 from peakprobe.checkpoints_index import PYTHIA_LR_MAX
-from peakprobe.fits.curve import CurveFit, CurveResult, pythia_parameters, pythia_size, window_scan
+from peakprobe.checkpoints_index.families import pythia_parameters, pythia_size
+from peakprobe.fits.curve import CurveFit, CurveResult, window_scan
 from peakprobe.fits.third import check_band, judge_third
 from peakprobe.reports import compare_figures as CF
 from peakprobe.reports.figures import RC
@@ -150,7 +151,7 @@ def member_from_run(run_dir: str | os.PathLike, *, band: tuple[float, float] = B
     verdicts = results.read_json(run_dir / results.FITS_JSON) if (run_dir / results.FITS_JSON).exists() else {}
     name = str(manifest.get("model") or run_dir.name)
     n_params, from_ = _parameters(manifest)
-    loss_fit = fits[fits["fit"] == "loss"]
+    loss_fit = fits[fits["fit"] == vocab.FIT_LOSS]
     rows = _loss_rows(run_dir)
     axis = str(loss_fit["time_axis"].iloc[0]) if len(loss_fit) else str(verdicts.get("time_axis", "step"))
     steps = rows["step"].to_numpy(dtype=np.int64)
@@ -176,7 +177,7 @@ def member_from_run(run_dir: str | os.PathLike, *, band: tuple[float, float] = B
                 m.flags.append("window_drift")
     else:
         m.flags.append("no_loss_fit")
-    g = fits[(fits["fit"] == "growth") & (fits["metric"] == "logit_std") & (fits["site_kind"] == "attn")]
+    g = fits[(fits["fit"] == vocab.FIT_GROWTH) & (fits["metric"] == vocab.LOGIT_STD) & (fits["site_kind"] == "attn")]
     if len(g):
         n_layers = int(g["layer"].max()) + 1
         m.growth = pd.DataFrame({

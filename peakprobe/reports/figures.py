@@ -22,6 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator
 
+from peakprobe import vocab
 from peakprobe.reports.tables import Curve, site_matrix
 from peakprobe.vocab import ATTN, ATTN_ALL, ATTN_LAYER, LM_HEAD, PEAKED_ENTROPY, THIRD, site_label
 
@@ -125,16 +126,16 @@ def alpha_heatmap(heads: pd.DataFrame) -> RenderedFigure | None:
 
 
 def peaked_heatmap(
-    heads: pd.DataFrame, last_revision: str, criterion: str = "logit_std"
+    heads: pd.DataFrame, last_revision: str, criterion: str = vocab.LOGIT_STD
 ) -> RenderedFigure | None:
     """Final peaked fraction per head under one criterion: ``logit_std`` (the probes' flag) or
     ``entropy`` (the entropy-equivalent beta_eff)."""
-    column = "final_peaked" if criterion == "logit_std" else f"final_{PEAKED_ENTROPY}"
+    column = "final_peaked" if criterion == vocab.LOGIT_STD else f"final_{PEAKED_ENTROPY}"
     mat = site_matrix(heads, column)  # (L, H)
     if mat.size == 0 or not np.isfinite(mat).any():
         return None
     fig = _heatmap(mat, "magma", 0.0, 1.0, "final peaked fraction", ())
-    if criterion == "logit_std":
+    if criterion == vocab.LOGIT_STD:
         name, title = "peaked_heatmap", "Final peakedness per head (logit std)"
         rule = "whose logit_std exceeds sqrt(2 ln n)"
     else:
@@ -197,7 +198,7 @@ def growth_panels(curves: list[Curve], time_axis: str, how: str) -> RenderedFigu
     axes = fig.subplots(n_rows, n_cols, squeeze=False)
     for i, ax in enumerate(axes.flat):
         if i < len(curves):
-            _panel(ax, curves[i], time_axis, "logit_std")
+            _panel(ax, curves[i], time_axis, vocab.LOGIT_STD)
         else:
             ax.set_axis_off()
     return render(

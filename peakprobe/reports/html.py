@@ -20,6 +20,7 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from peakprobe import vocab
 from peakprobe.reports.figures import RenderedFigure
 from peakprobe.reports.markdown import dup_text, heads_line
 from peakprobe.reports.tables import RunData, sensitivity_ranking
@@ -93,12 +94,12 @@ HEAD_COLUMNS = (
     ("gain share", "share", True),
     ("gain α", "gain_alpha", True),
     ("final entropy", "final_entropy", True),
-    ("max_prob", "final_max_prob", True),
-    ("logit_std", "final_logit_std", True),
+    (vocab.MAX_PROB, "final_max_prob", True),
+    (vocab.LOGIT_STD, "final_logit_std", True),
     ("peaked", "final_peaked", True),
     ("peaked (entropy)", f"final_{PEAKED_ENTROPY}", True),
     ("β_eff", "final_beta_eff", True),
-    ("first_key_prob", "final_first_key_prob", True),
+    (vocab.FIRST_KEY_PROB, "final_first_key_prob", True),
     ("sensitivity", "sensitivity", True),
 )
 OPTIONAL_COLUMNS = ("sensitivity", f"final_{PEAKED_ENTROPY}", "final_beta_eff", "share", "gain_alpha")

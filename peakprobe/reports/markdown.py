@@ -111,7 +111,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def summary_markdown(s: dict) -> str:
+def digest_markdown(s: dict) -> str:
     """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
     band = f"[{_n(s['band'][0])}, {_n(s['band'][1])}]"
     lines = [f"# peakprobe report: {_code(s['model'])}", ""]
@@ -119,6 +119,8 @@ def summary_markdown(s: dict) -> str:
     if p["any_peaked"] is False:
         lines += [f"> **No softmax is peaked.** {p['statement']}", ""]
     loss = s["loss"]
+    for k in s.get("skipped", []):
+        lines.append(f"- **Skipped:** the {_md(k['fit'])} fit: {_md(k['reason'])}.")
     if loss is None:
         lines.append("- **Loss law:** no loss fit in this run.")
     else:

@@ -18,11 +18,12 @@ import matplotlib
 import pandas as pd
 from tqdm.auto import tqdm
 
+from peakprobe import vocab
 from peakprobe.reports import figures as F
 from peakprobe.reports import science
+from peakprobe.reports.digest import build_digest
 from peakprobe.reports.html import render_html
-from peakprobe.reports.markdown import summary_markdown
-from peakprobe.reports.summary import build_summary
+from peakprobe.reports.markdown import digest_markdown
 from peakprobe.reports.tables import (
     HEADS_SCHEMA,
     curve_sites,
@@ -104,12 +105,12 @@ def render_report(
 
     # summary first (it decides what the gain and window-scan figures show); its figure list
     # is filled in once the figures are drawn
-    summary = build_summary(run, heads, [])
+    summary = build_digest(run, heads, [])
     rendered: dict[str, F.RenderedFigure] = {}
     with matplotlib.rc_context(F.RC):
         drawn = [
             F.alpha_heatmap(heads),
-            F.peaked_heatmap(heads, run.last_revision, "logit_std"),
+            F.peaked_heatmap(heads, run.last_revision, vocab.LOGIT_STD),
             F.peaked_heatmap(heads, run.last_revision, "entropy"),
         ]
         steps.update()
@@ -145,7 +146,7 @@ def render_report(
 
     summary["figures"] = sorted(rendered)
     write_json(out / "summary.json", summary)
-    write_bytes(out / "summary.md", summary_markdown(summary).encode())
+    write_bytes(out / "summary.md", digest_markdown(summary).encode())
     steps.update()
 
     software = {

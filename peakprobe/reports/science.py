@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from peakprobe import vocab
 from peakprobe.fits.third import judge_third
 from peakprobe.reports.tables import Curve, RunData, fit_rows, series
 from peakprobe.vocab import (
@@ -108,7 +109,7 @@ def exponent_entry(row: pd.Series, quantity: str, band: tuple[float, float], **a
 
 def _gain_fits(run: RunData) -> pd.DataFrame:
     f = run.fits
-    return f[(f["fit"] == "gain") | ((f["metric"] == GAIN) & (f["fit"] == "growth"))]
+    return f[(f["fit"] == vocab.FIT_GAIN) | ((f["metric"] == GAIN) & (f["fit"] == vocab.FIT_GROWTH))]
 
 
 def gain_sites(run: RunData) -> list[tuple[str, int, int]]:
@@ -203,7 +204,7 @@ def _kind_growth(run: RunData, band: tuple[float, float]) -> list[dict]:
             "site_kind": site[0], "layer": -1, "head": -1,
             "label": "attention" if kind == BOTTLENECK_ATTENTION else site_label(*site),
             "quantity": f"logit_std growth ({k['growth_of']})" if k.get("growth_of") else "logit_std growth",
-            "fit": "growth", "metric": "logit_std",
+            "fit": vocab.FIT_GROWTH, "metric": vocab.LOGIT_STD,
             "alpha": _f(k.get("alpha_growth")), "alpha_lo": lo, "alpha_hi": hi,
             "t_min": _f(window.get("t_min")), "t_max": _f(window.get("t_max")),
             "n_points": window.get("n_points"),
@@ -233,8 +234,8 @@ def exponents_block(run: RunData, band: tuple[float, float], loss: dict | None) 
         if s.get("site_kind") == ATTN:
             growth_sites.append((ATTN, int(s.get("layer", -1)), int(s.get("head", -1))))
     for kind, layer, head in list(dict.fromkeys(growth_sites))[: 1 + TOP_GAIN_HEADS]:
-        rows = fit_rows(run, kind, layer, head, "logit_std")
-        rows = rows[rows["fit"] == "growth"]
+        rows = fit_rows(run, kind, layer, head, vocab.LOGIT_STD)
+        rows = rows[rows["fit"] == vocab.FIT_GROWTH]
         if not rows.empty:
             out.append(exponent_entry(rows.iloc[-1], "logit_std growth", band))
     seen: set[tuple] = set()

@@ -20,11 +20,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from peakprobe import vocab
 from peakprobe.results import (
     FITS,
     FITS_JSON,
     FITS_SCHEMA,
     read_failures,
+    read_integrity_record,
     read_json,
     read_manifest,
     read_results,
@@ -34,13 +36,13 @@ from peakprobe.vocab import (
     BETA_EFF,
     FINAL_METRICS,
     GAIN,
-    INTEGRITY,
     LM_EXTRA,
     LM_HEAD,
     PEAKED_ENTROPY,
     SENSITIVITY,
     THIRD,
     XSINK_SUFFIX,
+    PeakprobeError,
     site_label,
 )
 
@@ -56,7 +58,7 @@ PEAKEDNESS_METRICS: tuple[str, ...] = (
     BETA_EFF + XSINK_SUFFIX,
 )
 TABLE_METRICS: tuple[str, ...] = tuple(
-    dict.fromkeys((*FINAL_METRICS, *PEAKEDNESS_METRICS, "entropy_norm", *LM_EXTRA, GAIN))
+    dict.fromkeys((*FINAL_METRICS, *PEAKEDNESS_METRICS, vocab.ENTROPY_NORM, *LM_EXTRA, GAIN))
 )
 
 HEADS_SCHEMA = pa.schema(
@@ -99,7 +101,7 @@ HEADS_COLUMNS = tuple(HEADS_SCHEMA.names)
 SITE_KEYS = ["site_kind", "layer", "head"]
 
 
-class ReportError(ValueError):
+class ReportError(PeakprobeError):
     """A run directory cannot be reported on (missing fits, malformed files)."""
 
 
@@ -166,7 +168,7 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
     if time_axis not in ("tau", "step"):
         axes = sorted(set(fits["time_axis"].dropna().astype(str)) & {"tau", "step"})
         time_axis = axes[0] if axes else "step"
-    integrity = _integrity(run_dir)
+    integrity = read_integrity_record(run_dir)
     excluded = {str(e.get("revision")) for e in verdicts.get("excluded") or [] if isinstance(e, dict)}
     excluded |= set((integrity or {}).get("flagged") or {})
     kept = results[~results["revision"].isin(excluded)]
@@ -186,16 +188,6 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
     )
 
 
-def _integrity(run_dir: Path) -> dict | None:
-    path = run_dir / INTEGRITY
-    if not path.exists():
-        return None
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise ReportError(f"{path} is not a JSON object; re-run the sweep's integrity check")
-    return data
-
-
 def _final_metrics(run: RunData) -> pd.DataFrame:
     """(site) x metric values at the last checkpoint, one row per site."""
     res = run.results
@@ -213,8 +205,8 @@ def heads_table(run: RunData) -> pd.DataFrame:
     """
     fits = run.fits
     growth = fits[
-        (fits["fit"] == "growth")
-        & (fits["metric"] == "logit_std")
+        (fits["fit"] == vocab.FIT_GROWTH)
+        & (fits["metric"] == vocab.LOGIT_STD)
         & fits["site_kind"].isin((ATTN, LM_HEAD))
     ]
     growth = growth.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
@@ -234,7 +226,7 @@ def heads_table(run: RunData) -> pd.DataFrame:
     for col in ("alpha_late", "alpha_late_lo", "alpha_late_hi", "q_growing"):
         out[col] = _column(growth, col, index, np.nan).astype("float64")
     out["peaked"] = _column(growth, "peaked", index, False).fillna(False).astype(bool)
-    gain = fits[(fits["fit"] == "gain") & fits["site_kind"].isin((ATTN, LM_HEAD))]
+    gain = fits[(fits["fit"] == vocab.FIT_GAIN) & fits["site_kind"].isin((ATTN, LM_HEAD))]
     gain = gain.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
     for col in ("alpha", "alpha_lo", "alpha_hi", "verdict"):
         out[f"gain_{col}"] = _column(gain, col, index, "" if col == "verdict" else np.nan)
@@ -336,7 +328,7 @@ def _f(row: pd.Series | None, key: str) -> float:
 
 
 def growth_curve(
-    run: RunData, site_kind: str, layer: int, head: int, metric: str = "logit_std"
+    run: RunData, site_kind: str, layer: int, head: int, metric: str = vocab.LOGIT_STD
 ) -> Curve:
     """logit_std (or ``metric``) of one site against time, its fitted c t^alpha and a t^(1/3) line."""
     t, v = series(run, site_kind, layer, head, metric)

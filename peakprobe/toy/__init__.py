@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from peakprobe.vocab import PeakprobeError
 
-class ToyConfigError(ValueError):
+
+class ToyConfigError(PeakprobeError):
     """A toy run asked for impossible settings (one-line message for the command line)."""
 
 

@@ -1,4 +1,4 @@
-"""Simulated training of the solvable linear self-attention toy, and its comparison with theory.
+"""Simulated training of the solvable linear self-attention toy and its five scaling laws.
 
 The toy follows the setting of Lyu, Wang & Zhu, "A Solvable Attention for Neural Scaling Laws"
 (ICLR 2025) in our own concrete form (docs/linear_attention.md): multitask sparse feature
@@ -10,18 +10,17 @@ and predicts
 
     y_hat = (1/N) sum_i y_i <W_K x_i, W_Q x_q> = <W_K h, W_Q x_q>,   h = (1/N) sum_i y_i x_i,
 
-with W_K, W_Q in R^{M x M} initialised N(0, sigma0^2 / M). Training is plain SGD on
-0.5 (y_q - y_hat)^2 with fresh batches, ``seeds`` independent replicas run side by side.
-Tokens are scaled one-hot vectors, so W_K h is one column of W_K times a scalar; the code
-gathers that column instead of multiplying by a mostly-zero vector (same function, see
-``lsa_predict_dense`` and the tests).
+with W_K, W_Q in R^{M x M} initialised N(0, sigma0^2 / M), trained by SGD on 0.5 (y_q - y_hat)^2.
 
-The loss reported at a step is the mean loss of the fresh training batches (evaluated before
+This module owns the size sweep (``simulate_linear_attention``: ``seeds`` replicas per model
+size, each size trained to the same stage of its last feature) and its comparison with the
+reduced dynamics (``compare``), from which ``linear_attention_laws`` reads three laws (time,
+model size, compute) and their verdicts. The data law lives in ``linear_attention_data``, the
+context law in ``linear_attention_context``. ``cli_linear`` runs any subset of ``LAWS`` and
+writes the figures and ``summary.json``; ``format_linear`` prints one line per law.
+
+The loss of the sweep at a step is the mean loss of the fresh training batches (evaluated before
 the update) over a log-spaced bin of steps; the reduced dynamics are averaged over the same bins.
-
-Public names: ``LinearAttentionSim``, ``LinearAttentionComparison``,
-``simulate_linear_attention``, ``compare``, ``plot_linear_attention``, ``cli_linear``,
-``lsa_predict_dense``, ``lsa_step``, ``QUICK``, ``FULL``.
 """
 
 from __future__ import annotations
@@ -34,17 +33,36 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from peakprobe.results import write_json
 from peakprobe.toy import ToyConfigError
+from peakprobe.toy.linear_attention_laws import (
+    BAND,
+    Exponent,
+    LawResult,
+    compute_law,
+    fit_exponent,
+    format_exponent,
+    model_law,
+    time_law,
+)
+from peakprobe.toy.linear_attention_sim import (
+    bin_curve,
+    log_bins,
+    lsa_predict_dense,
+    lsa_step,
+    train_fresh,
+)
 from peakprobe.toy.linear_attention_theory import (
     ReducedDynamics,
     asymptotic_reducible,
     context_floor,
+    context_r,
     feature_probs,
     half_time,
     loss_floor,
+    mode_exact,
+    population_loss,
     predicted_exponents,
     reduced_dynamics,
 )
@@ -52,14 +70,16 @@ from peakprobe.toy.plots import plot_linear_attention
 
 __all__ = [
     "FULL",
+    "LAWS",
     "QUICK",
     "LinearAttentionComparison",
     "LinearAttentionSim",
     "ToyConfigError",
     "bin_curve",
     "cli_linear",
-    "format_linear",
     "compare",
+    "compute_law",
+    "format_linear",
     "log_bins",
     "lsa_predict_dense",
     "lsa_step",
@@ -68,13 +88,19 @@ __all__ = [
     "simulate_linear_attention",
 ]
 
-# Settings of ``cli_linear``. QUICK fits the tests (M = 64 is still learning at its end, so its
-# model-size exponent is the one at a fixed time); FULL trains every size to convergence. M = 8
-# has no time-fit window (features 3..4 only); it serves the model-size fit (4 sizes needed).
-QUICK = dict(model_sizes=(8, 16, 32, 64), steps=3000, seeds=8)
-FULL = dict(model_sizes=(8, 16, 32, 64), steps=16000, seeds=8)
+LAWS = ("time", "model", "data", "compute", "context")
+
+# The size sweep behind the time, model-size and compute laws. ``steps`` is the largest size's;
+# size M runs steps * (M / M_max)^(1+a) steps (at least MIN_STEPS), which takes every size to
+# the same stage, ~1.8 half-learning times of its last feature, so the final losses are
+# converged (model-size law) and every size passes its compute-optimal point (compute law).
+QUICK = dict(model_sizes=(8, 11, 16, 23, 32), steps=4600, seeds=8)
+FULL = dict(model_sizes=(8, 11, 16, 23, 32, 45, 64), steps=16000, seeds=8)
 BASE = dict(n_features=4096, zipf_a=0.8, context=32, batch=512, lr=1.0, init_scale=0.1,
-            init="independent", n_bins=30)
+            init="independent", n_bins=40)
+MIN_STEPS = 200
+# the final loss of a size: mean population loss at FINAL_POINTS steps over the last FINAL_SPAN
+FINAL_POINTS, FINAL_SPAN = 8, 0.15
 # Time-exponent window: from the half-learning time of feature WINDOW_K_LO to that of feature M/2.
 WINDOW_K_LO = 3
 AGREE_REL = 0.05
@@ -83,7 +109,8 @@ AGREE_ALPHA = 0.05
 
 @dataclass
 class LinearAttentionSim:
-    """Binned simulated loss curves: ``loss[i, r, j]`` = model size i, replica r, bin j."""
+    """Binned simulated loss curves: ``loss[i, r, j]`` = model size i, replica r, bin j (NaN for
+    bins after size i's last step ``size_steps[i]``)."""
 
     model_sizes: tuple[int, ...]
     edges: np.ndarray  # (P + 1,) step bin edges, bin j = steps edges[j] .. edges[j+1]-1
@@ -91,6 +118,8 @@ class LinearAttentionSim:
     loss: np.ndarray  # (len(model_sizes), seeds, P)
     config: dict
     wall_s: float
+    size_steps: tuple[int, ...] = ()
+    final_loss: np.ndarray | None = None  # (len(model_sizes), seeds) population loss at the end
 
 
 @dataclass
@@ -105,59 +134,6 @@ class LinearAttentionComparison:
     summary: dict = field(default_factory=dict)
 
 
-def log_bins(steps: int, n_bins: int) -> np.ndarray:
-    """Log-spaced integer bin edges over steps 1..steps-1 (step 0, the start, is left out)."""
-    raw = np.round(np.logspace(0.0, math.log10(steps), n_bins + 1)).astype(np.int64)
-    return np.unique(np.clip(raw, 1, steps))
-
-
-def bin_curve(values: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean of ``values[..., step]`` and of the step index over each bin: (t (P,), v (..., P))."""
-    steps = np.arange(values.shape[-1], dtype=np.float64)
-    t = np.array([steps[a:b].mean() for a, b in zip(edges[:-1], edges[1:], strict=True)])
-    v = np.stack([values[..., a:b].mean(axis=-1) for a, b in zip(edges[:-1], edges[1:], strict=True)],
-                 axis=-1)
-    return t, v
-
-
-def lsa_predict_dense(w_k: torch.Tensor, w_q: torch.Tensor, h: torch.Tensor,
-                      x_q: torch.Tensor) -> torch.Tensor:
-    """Reference linear self-attention readout <W_K h, W_Q x_q> on dense vectors.
-
-    w_k, w_q (S, M, M); h, x_q (S, B, M) -> (S, B).
-    """
-    keys = torch.bmm(h, w_k.transpose(1, 2))  # (S, B, M)
-    queries = torch.bmm(x_q, w_q.transpose(1, 2))  # (S, B, M)
-    return (keys * queries).sum(-1)
-
-
-def lsa_step(w_k: torch.Tensor, w_q: torch.Tensor, feat: torch.Tensor, h_val: torch.Tensor,
-             q_val: torch.Tensor, y_q: torch.Tensor, lr: float) -> torch.Tensor:
-    """One SGD step, in place, on the batch-mean of 0.5 (y_q - y_hat)^2; returns the loss (S,).
-
-    A token is ``value * e_feat``; ``feat`` (S, B) in [0, M) for visible features, -1 for
-    features the model does not embed (prediction 0, no gradient). h_val, q_val, y_q: (S, B).
-    """
-    s, m, _ = w_k.shape
-    batch = feat.shape[1]
-    visible = feat >= 0  # (S, B)
-    idx = feat.clamp(min=0)  # (S, B)
-    cols = idx.unsqueeze(1).expand(s, m, batch)  # (S, M, B)
-    k_col = w_k.gather(2, cols)  # (S, M, B) = W_K e_feat
-    q_col = w_q.gather(2, cols)  # (S, M, B) = W_Q e_feat
-    y_hat = h_val * q_val * (k_col * q_col).sum(1) * visible  # (S, B)
-    err = y_q - y_hat  # (S, B)
-    loss = 0.5 * (err * err).mean(1)  # (S,)
-    # d loss / d W_K[:, j] = -sum_{b: feat_b = j} err_b h_b q_b W_Q[:, j] / B (and K <-> Q)
-    coef = torch.zeros(s, m, dtype=w_k.dtype, device=w_k.device)  # (S, M)
-    coef.scatter_add_(1, idx, -(err * h_val * q_val * visible) / batch)
-    grad_k = w_q * coef.unsqueeze(1)  # (S, M, M)
-    grad_q = w_k * coef.unsqueeze(1)
-    w_k.sub_(lr * grad_k)
-    w_q.sub_(lr * grad_q)
-    return loss
-
-
 def _check_config(cfg: dict) -> None:
     sizes = cfg["model_sizes"]
     if not sizes or any(int(m) < 2 for m in sizes):
@@ -165,7 +141,7 @@ def _check_config(cfg: dict) -> None:
     if max(sizes) > cfg["n_features"]:
         raise ToyConfigError(f"model sizes {sizes} exceed n_features={cfg['n_features']}: raise n_features")
     for key in ("context", "batch", "steps", "seeds", "n_bins"):
-        if int(cfg[key]) < 1:
+        if not float(cfg[key]) >= 1:
             raise ToyConfigError(f"{key} must be a positive integer, got {cfg[key]}")
     if cfg["steps"] < 20:
         raise ToyConfigError(f"steps must be at least 20, got {cfg['steps']}")
@@ -175,6 +151,19 @@ def _check_config(cfg: dict) -> None:
         raise ToyConfigError("zipf_a, lr and init_scale must be positive")
 
 
+def size_steps(model_sizes: tuple[int, ...], steps: int, zipf_a: float, edges: np.ndarray,
+               scale_steps: bool = True) -> tuple[int, ...]:
+    """Steps of every size: steps * (M / M_max)^(1+a), at least MIN_STEPS, rounded up to a bin
+    edge so that no bin is cut (all sizes run ``steps`` when ``scale_steps`` is False)."""
+    top = max(model_sizes)
+    out = []
+    for m in model_sizes:
+        want = steps * (m / top) ** (1.0 + zipf_a) if scale_steps else steps
+        want = min(max(int(math.ceil(want)), MIN_STEPS), steps)
+        out.append(int(edges[min(np.searchsorted(edges, want), len(edges) - 1)]))
+    return tuple(out)
+
+
 def simulate_linear_attention(
     *,
     model_sizes: tuple[int, ...] = QUICK["model_sizes"],
@@ -182,87 +171,96 @@ def simulate_linear_attention(
     seeds: int = QUICK["seeds"],
     n_features: int = BASE["n_features"],
     zipf_a: float = BASE["zipf_a"],
-    context: int = BASE["context"],
+    context: float = BASE["context"],
     batch: int = BASE["batch"],
     lr: float = BASE["lr"],
     init_scale: float = BASE["init_scale"],
     init: str = BASE["init"],
     n_bins: int = BASE["n_bins"],
+    scale_steps: bool = True,
     seed: int = 0,
     progress: bool = True,
     threads: int | None = 1,
 ) -> LinearAttentionSim:
     """Train ``seeds`` replicas of the LSA for every model size by SGD and bin the loss curves.
 
-    ``init="balanced"`` starts W_Q = W_K (the exact Riccati case). ``threads`` caps torch's
-    intra-op threads during the run (restored afterwards); ``None`` leaves them alone.
+    ``steps`` is the largest size's; smaller sizes run fewer (``size_steps``) unless
+    ``scale_steps`` is False. ``init="balanced"`` starts W_Q = W_K (the exact Riccati case).
+    ``threads`` caps torch's intra-op threads during the run (restored afterwards).
     """
     cfg = dict(model_sizes=tuple(int(m) for m in model_sizes), steps=int(steps), seeds=int(seeds),
-               n_features=int(n_features), zipf_a=float(zipf_a), context=int(context),
+               n_features=int(n_features), zipf_a=float(zipf_a), context=float(context),
                batch=int(batch), lr=float(lr), init_scale=float(init_scale), init=init,
-               n_bins=int(n_bins), seed=int(seed))
+               n_bins=int(n_bins), seed=int(seed), scale_steps=bool(scale_steps))
     _check_config(cfg)
+    edges = log_bins(cfg["steps"], cfg["n_bins"])
+    per_size = size_steps(cfg["model_sizes"], cfg["steps"], cfg["zipf_a"], edges, scale_steps)
+    probs = feature_probs(cfg["n_features"], cfg["zipf_a"])
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(int(threads))
     try:
         start = time.perf_counter()
-        curves = np.stack([_simulate_size(cfg, m, progress) for m in cfg["model_sizes"]])
+        binned = np.full((len(per_size), cfg["seeds"], len(edges) - 1), np.nan)
+        final = np.empty((len(per_size), cfg["seeds"]))
+        for i, (m, n_steps) in enumerate(zip(cfg["model_sizes"], per_size, strict=True)):
+            run = train_fresh(m, probs, steps=n_steps, seeds=cfg["seeds"], batch=cfg["batch"],
+                              lr=cfg["lr"], init_scale=cfg["init_scale"], init=cfg["init"],
+                              contexts=(cfg["context"],), eval_steps=final_steps(n_steps),
+                              seed=cfg["seed"], progress=progress, desc=f"linear attention M={m}")
+            own = edges[edges <= n_steps]
+            binned[i, :, : len(own) - 1] = bin_curve(run.loss, own)[1]
+            # end point of the size law: exact population loss of the weights, averaged over the
+            # last steps (the SGD fluctuation of the fastest mode makes one snapshot noisy)
+            final[i] = population_loss(run.modes, probs, context_r(cfg["context"])).mean(axis=0)
         wall = time.perf_counter() - start
     finally:
         torch.set_num_threads(old_threads)
-    edges = log_bins(cfg["steps"], cfg["n_bins"])
-    t, binned = bin_curve(curves, edges)  # (sizes, seeds, P)
+    t = bin_curve(np.zeros((1, int(edges[-1]))), edges)[0]
     cfg["model_sizes"] = list(cfg["model_sizes"])
-    return LinearAttentionSim(tuple(cfg["model_sizes"]), edges, t, binned, cfg, wall)
-
-
-def _simulate_size(cfg: dict, m: int, progress: bool) -> np.ndarray:
-    """Per-step training loss (seeds, steps) of ``seeds`` replicas of the size-m model."""
-    s, batch, n_ctx = cfg["seeds"], cfg["batch"], cfg["context"]
-    gen = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + m)
-    scale = cfg["init_scale"] / math.sqrt(m)
-    w_k = torch.randn(s, m, m, generator=gen) * scale  # (S, M, M)
-    w_q = w_k.clone() if cfg["init"] == "balanced" else torch.randn(s, m, m, generator=gen) * scale
-    cdf = torch.from_numpy(np.cumsum(feature_probs(cfg["n_features"], cfg["zipf_a"])))
-    losses = torch.empty(cfg["steps"], s)
-    for step in tqdm(range(cfg["steps"]), disable=not progress, desc=f"linear attention M={m}",
-                     mininterval=1.0):
-        u = torch.rand(s, batch, generator=gen, dtype=torch.float64)
-        task = torch.searchsorted(cdf, u).clamp_(max=cfg["n_features"] - 1)  # (S, B), 0-based
-        sign = torch.randint(0, 2, (s, batch), generator=gen).float() * 2.0 - 1.0  # (S, B)
-        g_ctx = torch.randn(s, batch, n_ctx, generator=gen)  # (S, B, N) token magnitudes
-        g_q = torch.randn(s, batch, generator=gen)  # (S, B)
-        y_ctx = sign.unsqueeze(-1) * g_ctx  # (S, B, N) labels
-        h_val = (y_ctx * g_ctx).mean(-1)  # (S, B): h = h_val * e_task
-        feat = torch.where(task < m, task, torch.full_like(task, -1))
-        losses[step] = lsa_step(w_k, w_q, feat, h_val, g_q, sign * g_q, cfg["lr"])
-    return losses.T.numpy().astype(np.float64)
+    cfg["size_steps"] = list(per_size)
+    return LinearAttentionSim(tuple(cfg["model_sizes"]), edges, t, binned, cfg, wall, per_size, final)
 
 
 def _fit_decay(t: np.ndarray, y: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float, float]:
     """Exponent of y ~ c t^-alpha (as alpha, lo, hi, c) via peakprobe.fits.fit_power_law."""
-    from peakprobe.fits import fit_power_law
+    return fit_exponent(t, y, n_boot=n_boot, seed=seed)
 
-    fit = fit_power_law(t, y, n_boot=n_boot, ci=0.9, seed=seed)
-    return -float(fit.alpha), -float(fit.alpha_hi), -float(fit.alpha_lo), float(fit.c)
+
+def final_steps(steps: int) -> np.ndarray:
+    """The FINAL_POINTS steps over the last FINAL_SPAN of a run at which the final loss is taken."""
+    return np.unique(np.round(np.linspace((1.0 - FINAL_SPAN) * steps, steps, FINAL_POINTS)).astype(np.int64))
+
+
+def _start(init_scale: float, init: str) -> dict:
+    """Typical start of every mode: s = 0 and Delta = 4 sigma0^4 (independent), or s = sigma0^2
+    and Delta = 0 (balanced)."""
+    if init == "balanced":
+        return dict(s0=init_scale**2, delta=0.0)
+    return dict(s0=0.0, delta=(2.0 * init_scale**2) ** 2)
+
+
+def _last_finite(v: np.ndarray) -> float:
+    ok = np.flatnonzero(np.isfinite(v))
+    return float(v[ok[-1]]) if len(ok) else float("nan")
 
 
 def compare(sim: LinearAttentionSim, reduced: ReducedDynamics | None = None, *,
-            n_boot: int = 400, seed: int = 0) -> LinearAttentionComparison:
+            n_boot: int = 1000, seed: int = 0) -> LinearAttentionComparison:
     """Table of simulation vs reduced dynamics per model size, and the exponent summary.
 
     Window for size M: steps between the half-learning times of feature 3 and feature M/2
     (``half_time``). Time exponent: fit of (loss - 1/(N+2)) ~ t^-alpha over the window, for the
-    simulation mean and for the reduced ODE alike. Model-size exponent: fit of the final
+    simulation mean and for the reduced dynamics alike. Model-size exponent: fit of the final
     (loss - 1/(N+2)) against M. ``max_rel_dev`` = max over the window of |sim / ODE - 1|.
     """
     cfg = sim.config
     if reduced is None:
         reduced = reduced_dynamics(**{k: cfg[k] for k in ("n_features", "zipf_a", "context", "lr",
                                                           "steps", "init_scale", "init")},
-                                   model_sizes=tuple(sim.model_sizes))
+                                   model_sizes=tuple(sim.model_sizes), method="exact")
     t_red, red_binned = bin_curve(reduced.loss, sim.edges)  # (sizes, P)
+    red_binned = np.where(np.isfinite(sim.loss[:, 0]), red_binned, np.nan)  # same bins as the sim
     probs = feature_probs(cfg["n_features"], cfg["zipf_a"])
     floor = context_floor(cfg["context"])
     theory = predicted_exponents(cfg["zipf_a"])
@@ -272,8 +270,9 @@ def compare(sim: LinearAttentionSim, reduced: ReducedDynamics | None = None, *,
         t_lo, t_hi = (float(x) for x in half_time(np.array([WINDOW_K_LO, max(m // 2, WINDOW_K_LO)]),
                                                    probs, lr=cfg["lr"], context=cfg["context"],
                                                    init_scale=cfg["init_scale"], init=cfg["init"]))
-        win = (sim.t >= t_lo) & (sim.t <= t_hi)
-        row = dict(model_size=m, t_min=t_lo, t_max=t_hi, n_points=int(win.sum()),
+        win = (sim.t >= t_lo) & (sim.t <= t_hi) & np.isfinite(sim_mean)
+        row = dict(model_size=m, steps=int(sim.size_steps[i]) if sim.size_steps else cfg["steps"],
+                   t_min=t_lo, t_max=t_hi, n_points=int(win.sum()),
                    max_rel_dev=float("nan"), time_alpha_sim=float("nan"),
                    time_alpha_sim_lo=float("nan"), time_alpha_sim_hi=float("nan"),
                    time_alpha_reduced=float("nan"), time_alpha_theory=theory["time"])
@@ -282,9 +281,16 @@ def compare(sim: LinearAttentionSim, reduced: ReducedDynamics | None = None, *,
             a, lo, hi, _ = _fit_decay(sim.t[win], sim_mean[win] - floor, n_boot, seed)
             row.update(time_alpha_sim=a, time_alpha_sim_lo=lo, time_alpha_sim_hi=hi)
             row["time_alpha_reduced"] = _fit_decay(t_red[win], red_binned[i, win] - floor, n_boot, seed)[0]
-        row.update(final_loss_sim=float(sim_mean[-1]), final_loss_reduced=float(red_binned[i, -1]),
-                   final_reducible_sim=float(sim_mean[-1] - floor),
-                   final_reducible_reduced=float(red_binned[i, -1] - floor),
+        n_steps = int(sim.size_steps[i]) if sim.size_steps else cfg["steps"]
+        if sim.final_loss is not None:
+            final_sim = float(sim.final_loss[i].mean())
+            modes = mode_exact(cfg["lr"] * final_steps(n_steps), probs[:m],
+                               r=context_r(cfg["context"]), **_start(cfg["init_scale"], cfg["init"]))
+            final_red = float(population_loss(modes, probs, context_r(cfg["context"])).mean())
+        else:
+            final_sim, final_red = _last_finite(sim_mean), _last_finite(red_binned[i])
+        row.update(final_loss_sim=final_sim, final_loss_reduced=final_red,
+                   final_reducible_sim=final_sim - floor, final_reducible_reduced=final_red - floor,
                    converged_reducible=float(loss_floor(m, probs, cfg["context"]) - floor))
         rows.append(row)
     table = pd.DataFrame(rows)
@@ -327,48 +333,115 @@ def _summarize(table: pd.DataFrame, theory: dict, floor: float, n_boot: int, see
     }
 
 
-def cli_linear(out_dir: Path, *, quick: bool = False, seed: int = 0, progress: bool = True) -> dict:
-    """``peakprobe toy linear``: simulate, solve the reduced dynamics, compare, plot; write plots,
-    ``linear_attention_table.csv`` and ``summary.json`` into ``out_dir``; return the summary."""
+def _normalize_laws(laws: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    if laws is None or laws == "all":
+        return LAWS
+    names = (laws,) if isinstance(laws, str) else tuple(laws)
+    if "all" in names:
+        return LAWS
+    bad = [n for n in names if n not in LAWS]
+    if bad or not names:
+        raise ToyConfigError(f"unknown law(s) {bad or names}: choose from {', '.join(LAWS)} or all")
+    return tuple(n for n in LAWS if n in names)
+
+
+def _jsonable(obj: object) -> object:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def cli_linear(out_dir: Path, *, quick: bool = False, seed: int = 0, progress: bool = True,
+               laws: str | tuple[str, ...] | list[str] | None = None) -> dict:
+    """``peakprobe toy linear``: run the requested ``laws`` (None or "all": every one of
+    ``LAWS``), write one figure per law, ``linear_attention_table.csv`` (size sweep) and
+    ``summary.json`` into ``out_dir``; return the summary."""
+    from peakprobe.toy import (
+        linear_attention_context,
+        linear_attention_data,
+        linear_attention_plots,
+    )
+
+    chosen = _normalize_laws(laws)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
     settings = {**BASE, **(QUICK if quick else FULL)}
-    sim = simulate_linear_attention(**settings, seed=seed, progress=progress)
-    comparison = compare(sim, seed=seed)
-    paths = plot_linear_attention(comparison, out_dir)
-    comparison.table.to_csv(out_dir / "linear_attention_table.csv", index=False)
-    summary = {
-        "toy": "linear_attention",
-        "quick": bool(quick),
-        "config": sim.config,
-        "wall_s": sim.wall_s,
-        **comparison.summary,
-        "table": comparison.table.to_dict(orient="records"),
-        "curves": {"t": sim.t.tolist(),
-                   "sim_mean": sim.loss.mean(axis=1).tolist(),
-                   "reduced": comparison.reduced_binned.tolist()},
-        "plots": [p.name for p in paths],
-    }
+    summary: dict = {"toy": "linear_attention", "quick": bool(quick), "laws": list(chosen),
+                     "band": BAND, "config": dict(settings, seed=seed), "results": {}, "plots": []}
+    results: list[LawResult] = []
+    comparison = None
+    if {"time", "model", "compute"} & set(chosen):
+        t0 = time.perf_counter()
+        sim = simulate_linear_attention(**settings, seed=seed, progress=progress)
+        comparison = compare(sim, seed=seed)
+        sweep_s = time.perf_counter() - t0
+        summary["config"] = sim.config
+        summary["wall_s"] = sim.wall_s
+        summary.update(comparison.summary)
+        summary["table"] = comparison.table.to_dict(orient="records")
+        summary["curves"] = {"t": sim.t, "sim_mean": sim.loss.mean(axis=1),
+                             "reduced": comparison.reduced_binned}
+        comparison.table.to_csv(out_dir / "linear_attention_table.csv", index=False)
+        paths = plot_linear_attention(comparison, out_dir)
+        for law, fn in (("time", time_law), ("model", model_law)):
+            if law in chosen:
+                res = fn(comparison)
+                res.wall_s = sweep_s
+                results.append(res)
+        if "compute" in chosen:
+            res, plot_data = compute_law(comparison, seed=seed)
+            res.wall_s = sweep_s
+            paths.append(linear_attention_plots.plot_compute(comparison, res, plot_data, out_dir))
+            results.append(res)
+        summary["plots"] += [p.name for p in paths]
+    if "data" in chosen:
+        res, run = linear_attention_data.data_law(quick=quick, seed=seed, progress=progress,
+                                                  fresh=comparison)
+        summary["plots"].append(linear_attention_plots.plot_data(run, res, out_dir).name)
+        results.append(res)
+    if "context" in chosen:
+        res, run = linear_attention_context.context_law(quick=quick, seed=seed, progress=progress)
+        summary["plots"].append(linear_attention_plots.plot_context(run, res, out_dir).name)
+        results.append(res)
+    order = {law: i for i, law in enumerate(LAWS)}
+    results.sort(key=lambda r: order[r.law])
+    summary["results"] = {r.law: r.to_dict() for r in results}
+    summary["total_wall_s"] = time.perf_counter() - start
+    summary = _jsonable(summary)
     write_json(out_dir / "summary.json", summary)
     return summary
 
 
 def format_linear(summary: dict) -> str:
-    """What ``peakprobe toy linear`` prints: the time exponent against the solved dynamics and
-    the closed form, the size exponent, and whether simulation and ODE agree."""
-    lines = [f"linear attention (a = {summary['config']['zipf_a']:g}): "
-             f"{summary['n_sizes_agree']} model sizes agree with the reduced dynamics "
-             f"({summary['criteria']}): {'yes' if summary['acceptance'] else 'no'}"]
-    t = summary["time"]
-    if t is not None:
-        lines.append(
-            f"  time exponent, M = {t['model_size']}: simulation {t['alpha_sim']:.3f} "
-            f"[{t['alpha_sim_lo']:.3f}, {t['alpha_sim_hi']:.3f}] (90% CI), reduced ODE "
-            f"{t['alpha_reduced']:.3f}, closed form a/(1+a) = {t['alpha_theory']:.3f} "
-            "(set by the data spectrum, not by 1/3)")
-    size = summary["size"]
-    if "alpha_sim" in size:
-        lines.append(f"  size exponent: simulation {size['alpha_sim']:.3f} "
-                     f"[{size['alpha_sim_lo']:.3f}, {size['alpha_sim_hi']:.3f}], reduced ODE "
-                     f"{size['alpha_reduced']:.3f}, theory {size['alpha_theory']:.3f}")
+    """What ``peakprobe toy linear`` prints: for the size sweep, whether simulation and reduced
+    dynamics agree and the time exponent in detail; then one line per law that was run."""
+    lines = []
+    if "n_sizes_agree" in summary:
+        lines.append(f"linear attention (a = {summary['config']['zipf_a']:g}): "
+                     f"{summary['n_sizes_agree']} model sizes agree with the reduced dynamics "
+                     f"({summary['criteria']}): {'yes' if summary['acceptance'] else 'no'}")
+        t = summary.get("time")
+        if t is not None and "time" in summary["results"]:
+            lines.append(
+                f"  time exponent, M = {t['model_size']}: simulation {t['alpha_sim']:.3f} "
+                f"[{t['alpha_sim_lo']:.3f}, {t['alpha_sim_hi']:.3f}] (90% CI), reduced ODE "
+                f"{t['alpha_reduced']:.3f}, closed form a/(1+a) = {t['alpha_theory']:.3f} "
+                "(set by the data spectrum, not by 1/3)")
+    for law in LAWS:
+        res = summary["results"].get(law)
+        if res is None:
+            continue
+        parts = [f"{e['law']}: {format_exponent(Exponent(**{k: e[k] for k in _EXP_KEYS}))}"
+                 for e in res["exponents"]]
+        lines.append(f"{res['title']}: " + "; ".join(parts))
     return "\n".join(lines)
+
+
+_EXP_KEYS = ("name", "law", "fitted", "lo", "hi", "reduced", "predicted", "band")

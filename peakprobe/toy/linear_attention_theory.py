@@ -19,9 +19,15 @@ ds/dtau = 2 p_k s (1 - r s), solved in closed form by ``riccati_s``. The loss is
 so the loss above the context floor 1/(N+2) falls as t^-(a/(1+a)) until the model's M features
 are learned and then stays at (s*/2) sum_{k>M} p_k ~ M^-a.
 
-Public names: ``feature_probs``, ``s_star``, ``context_floor``, ``loss_floor``, ``effective_s0``,
-``half_time``, ``riccati_s``, ``solve_modes``, ``loss_from_modes``, ``reduced_dynamics``,
-``ReducedDynamics``, ``predicted_exponents``, ``asymptotic_reducible``.
+With a context length that varies per sequence, r = E[m^2] = 1 + 2 E[1/N] (``context_r``) and
+s* = 1/r; N = inf (m = 1) gives r = 1 and no floor. ``mode_exact`` solves (*) in closed form for
+any Delta >= 0, any r and any rate, which is what the finite-data reduced dynamics need (one
+rate and one r per feature and training set).
+
+Public names: ``feature_probs``, ``context_r``, ``s_star``, ``context_floor``, ``loss_floor``,
+``effective_s0``, ``half_time``, ``riccati_s``, ``mode_exact``, ``solve_modes``,
+``population_loss``, ``loss_from_modes``, ``reduced_dynamics``, ``ReducedDynamics``,
+``predicted_exponents``, ``asymptotic_reducible``.
 """
 
 from __future__ import annotations
@@ -36,11 +42,14 @@ __all__ = [
     "ReducedDynamics",
     "asymptotic_reducible",
     "context_floor",
+    "context_r",
     "effective_s0",
     "feature_probs",
     "half_time",
     "loss_floor",
     "loss_from_modes",
+    "mode_exact",
+    "population_loss",
     "predicted_exponents",
     "reduced_dynamics",
     "riccati_s",
@@ -56,17 +65,27 @@ def feature_probs(n_features: int, zipf_a: float) -> np.ndarray:
     return w / w.sum()
 
 
-def s_star(context: int) -> float:
+def context_r(context: float, weights: np.ndarray | None = None) -> float:
+    """r = E[m^2] = 1 + 2 E[1/N] for m = (1/N) sum_i g_i^2: a fixed N (``weights`` None; N = inf
+    gives 1) or N drawn per sequence from the values ``context`` with probabilities ``weights``."""
+    if weights is None:
+        return 1.0 if math.isinf(float(context)) else 1.0 + 2.0 / float(context)
+    n = np.asarray(context, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    return 1.0 + 2.0 * float((w / n).sum() / w.sum())
+
+
+def s_star(context: float) -> float:
     """The per-feature optimum of s: E[m] / E[m^2] = N / (N + 2), m = (1/N) sum g_i^2."""
-    return context / (context + 2.0)
+    return 1.0 / context_r(context)
 
 
-def context_floor(context: int) -> float:
+def context_floor(context: float) -> float:
     """Loss of an infinitely wide, fully trained model: (1 - s*) / 2 = 1 / (N + 2)."""
-    return 1.0 / (context + 2.0)
+    return 0.5 * (1.0 - s_star(context))
 
 
-def loss_floor(model_size: int, probs: np.ndarray, context: int) -> float:
+def loss_floor(model_size: int, probs: np.ndarray, context: float) -> float:
     """L_inf(M) = 1/(N+2) + (s*/2) * (mass of the features the model cannot see)."""
     return context_floor(context) + 0.5 * s_star(context) * float(probs[int(model_size):].sum())
 
@@ -83,15 +102,18 @@ def effective_s0(init_scale: float, init: str = "independent") -> float:
     return 0.5 * float(init_scale) ** 2
 
 
-def half_time(k: int | np.ndarray, probs: np.ndarray, *, lr: float, context: int,
-              init_scale: float, init: str = "independent") -> np.ndarray:
-    """Step at which feature k (1-based) reaches s*/2 on the logistic: ln(s*/s0 - 1) / (2 lr p_k)."""
-    c = s_star(context) / effective_s0(init_scale, init) - 1.0
+def half_time(k: int | np.ndarray, probs: np.ndarray, *, lr: float, context: float,
+              init_scale: float, init: str = "independent", r: float | None = None) -> np.ndarray:
+    """Step at which feature k (1-based) reaches s*/2 on the logistic: ln(s*/s0 - 1) / (2 lr p_k).
+
+    ``r`` (E[m^2]) overrides the one of the fixed ``context``."""
+    target = 1.0 / r if r is not None else s_star(context)
+    c = target / effective_s0(init_scale, init) - 1.0
     k = np.asarray(k)
     return np.log(c) / (2.0 * lr * probs[k - 1])
 
 
-def riccati_s(tau: np.ndarray, probs: np.ndarray, *, context: int, s0: float) -> np.ndarray:
+def riccati_s(tau: np.ndarray, probs: np.ndarray, *, context: float, s0: float) -> np.ndarray:
     """Closed-form logistic solution s_k(tau) = s* / (1 + (s*/s0 - 1) exp(-2 p_k tau)).
 
     ``tau`` (T,), ``probs`` (M,) -> (T, M). Exact for the balanced start (Delta = 0).
@@ -102,13 +124,44 @@ def riccati_s(tau: np.ndarray, probs: np.ndarray, *, context: int, s0: float) ->
     return ss / (1.0 + (ss / s0 - 1.0) * np.exp(x))
 
 
-def solve_modes(tau: np.ndarray, probs: np.ndarray, *, context: int, s0: float | np.ndarray,
-                delta: float | np.ndarray, rtol: float = 1e-8, atol: float = 1e-12) -> np.ndarray:
+def mode_exact(tau: np.ndarray, rate: np.ndarray, *, r: float | np.ndarray,
+               s0: float | np.ndarray, delta: float) -> np.ndarray:
+    """Closed-form solution of ds/dtau = rate (1 - r s) sqrt(Delta + 4 s^2), one mode per entry.
+
+    ``tau`` (T,), ``rate`` (K,) (0: the mode never moves), ``r`` and ``s0`` scalars or (K,) ->
+    s (T, K). With s = (sqrt(Delta)/2) sinh(theta), x = e^theta and c = r sqrt(Delta)/2 the
+    equation separates: Q(x) = (x+ - x) / (x - x-) decays as exp(-2 sqrt(1 + c^2) rate tau),
+    x+- = (1 +- sqrt(1 + c^2)) / c, and x+ is the fixed point s = 1/r (derivation in
+    docs/linear_attention.md). Delta = 0 is the logistic ``riccati_s``.
+    """
+    tau = np.asarray(tau, dtype=np.float64)[:, None]  # (T, 1)
+    rate = np.asarray(rate, dtype=np.float64)[None, :]  # (1, K)
+    r = np.broadcast_to(np.asarray(r, dtype=np.float64), rate.shape[1:])[None, :]
+    s0 = np.broadcast_to(np.asarray(s0, dtype=np.float64), rate.shape[1:])[None, :]
+    if delta <= 0.0:
+        target = 1.0 / r
+        x = np.clip(-2.0 * rate * tau, -700.0, 700.0)
+        return np.broadcast_to(target / (1.0 + (target / s0 - 1.0) * np.exp(x)), (tau.shape[0], rate.shape[1]))
+    root = math.sqrt(delta)
+    c = r * root / 2.0  # (1, K)
+    rt = np.sqrt(1.0 + c * c)
+    x_plus, x_minus = (1.0 + rt) / c, (1.0 - rt) / c
+    u0 = 2.0 * s0 / root
+    x0 = u0 + np.sqrt(1.0 + u0 * u0)
+    q = (x_plus - x0) / (x0 - x_minus) * np.exp(-2.0 * rt * rate * tau)  # (T, K)
+    x = (x_plus + q * x_minus) / (1.0 + q)
+    return 0.25 * root * (x - 1.0 / x)
+
+
+def solve_modes(tau: np.ndarray, probs: np.ndarray, *, context: float, s0: float | np.ndarray,
+                delta: float | np.ndarray, rtol: float = 1e-8, atol: float = 1e-12,
+                r: float | None = None) -> np.ndarray:
     """Integrate ds_k/dtau = p_k (1 - r s_k) sqrt(Delta_k + 4 s_k^2) with solve_ivp (LSODA).
 
-    ``tau`` increasing (T,) starting at >= 0; ``probs`` (M,) -> s (T, M).
+    ``tau`` increasing (T,) starting at >= 0; ``probs`` (M,) -> s (T, M). ``r`` overrides the
+    E[m^2] of the fixed ``context``.
     """
-    r = 1.0 + 2.0 / context
+    r = context_r(context) if r is None else float(r)
     m = len(probs)
     s_init = np.broadcast_to(np.asarray(s0, dtype=np.float64), (m,)).copy()
     dlt = np.broadcast_to(np.asarray(delta, dtype=np.float64), (m,)).copy()
@@ -129,12 +182,23 @@ def solve_modes(tau: np.ndarray, probs: np.ndarray, *, context: int, s0: float |
     return sol.y.T  # (T, M)
 
 
-def loss_from_modes(s: np.ndarray, probs_all: np.ndarray, model_size: int, context: int) -> np.ndarray:
+def population_loss(s: np.ndarray, probs_all: np.ndarray, r: float) -> np.ndarray:
+    """Population loss of a model with modes s (..., M) when E[m^2] = r (s* = 1/r):
+
+    (1 - s*)/2 + (s*/2) sum_{k>M} p_k + (r/2) sum_{k<=M} p_k (s* - s_k)^2   -> (...,).
+    """
+    m = s.shape[-1]
+    p = probs_all[:m]  # (M,)
+    target = 1.0 / r
+    excess = 0.5 * r * ((target - s) ** 2 * p).sum(axis=-1)
+    return 0.5 * (1.0 - target) + 0.5 * target * float(probs_all[m:].sum()) + excess
+
+
+def loss_from_modes(s: np.ndarray, probs_all: np.ndarray, model_size: int, context: float) -> np.ndarray:
     """Population loss from the mode values s (T, M): L_inf(M) + (r/2) sum_k p_k (s* - s_k)^2."""
-    r = 1.0 + 2.0 / context
-    p = probs_all[:model_size]  # (M,)
-    excess = 0.5 * r * ((s_star(context) - s) ** 2 * p[None, :]).sum(axis=1)  # (T,)
-    return loss_floor(model_size, probs_all, context) + excess
+    if s.shape[-1] != int(model_size):
+        raise ValueError(f"modes of shape {s.shape} do not match model_size={model_size}")
+    return population_loss(s, probs_all, context_r(context))
 
 
 @dataclass
@@ -152,7 +216,7 @@ def reduced_dynamics(
     model_sizes: tuple[int, ...] = (16, 32, 64),
     n_features: int = 4096,
     zipf_a: float = 0.8,
-    context: int = 32,
+    context: float = 32,
     lr: float = 1.0,
     steps: int = 3000,
     init_scale: float = 0.1,
@@ -163,6 +227,7 @@ def reduced_dynamics(
 
     ``method="ode"`` integrates the per-feature ODE with solve_ivp from the typical start
     (independent: s = 0, Delta = (2 sigma0^2)^2; balanced: s = sigma0^2, Delta = 0);
+    ``method="exact"`` evaluates the same solution in closed form (``mode_exact``);
     ``method="closed"`` uses the logistic closed form from ``effective_s0`` (exact for balanced).
     """
     probs = feature_probs(n_features, zipf_a)
@@ -177,6 +242,8 @@ def reduced_dynamics(
         p = probs[: int(m)]
         if method == "closed":
             s = riccati_s(tau, p, context=context, s0=effective_s0(init_scale, init))
+        elif method == "exact":
+            s = mode_exact(tau, p, r=context_r(context), s0=s0, delta=delta)
         else:
             s = solve_modes(tau, p, context=context, s0=s0, delta=delta)
         losses.append(loss_from_modes(s, probs, int(m), context))
@@ -187,11 +254,18 @@ def reduced_dynamics(
 
 
 def predicted_exponents(zipf_a: float) -> dict:
-    """Asymptotic exponents for p_k ~ k^-(1+a): loss above the context floor ~ t^-(a/(1+a))
-    (time) and ~ M^-a (model size, trained to the end), i.e. ~ P^-(a/2) in P = 2 M^2 weights;
-    at the compute-optimal size (compute ~ steps * M^2) it falls as C^-(a/(3+a))."""
+    """Asymptotic exponents of this model for p_k ~ k^-(1+a) (derivations: docs/linear_attention.md).
+
+    Loss above the context floor: ~ t^-(a/(1+a)) (``time``; also with N drawn per sequence,
+    ``time_random_context``), ~ M^-a (``model_size``; ~ P^-(a/2) in P = 2 M^2 weights,
+    ``params``), ~ D^-(a/(1+a)) (``data``, D training sequences); on the compute frontier with
+    C ~ M * steps, ~ C^-(a/(2+a)) (``compute``) at M_opt ~ C^(1/(2+a)) (``compute_size``), and
+    with the dense count C ~ M^2 * steps, C^-(a/(3+a)) (``compute_dense``). At a fixed time the
+    loss falls with the context length as (N+2)^-1 (``context``)."""
     a = float(zipf_a)
-    return {"time": a / (1.0 + a), "model_size": a, "params": a / 2.0, "compute": a / (3.0 + a)}
+    return {"time": a / (1.0 + a), "model_size": a, "params": a / 2.0, "data": a / (1.0 + a),
+            "compute": a / (2.0 + a), "compute_size": 1.0 / (2.0 + a),
+            "compute_dense": a / (3.0 + a), "context": 1.0, "time_random_context": a / (1.0 + a)}
 
 
 def asymptotic_reducible(t: np.ndarray, probs: np.ndarray, zipf_a: float, *, lr: float,

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from peakprobe import vocab
 from peakprobe.fits.third import judge_third
 from peakprobe.results import write_json
 from peakprobe.toy import ToyConfigError
@@ -254,17 +255,17 @@ def summarize_peaked(run: PeakedRun, *, n_boot: int = 400, seed: int = 0) -> dic
         "loss_alpha_free_L0": float(free_fit.alpha), "loss_alpha_free_L0_lo": float(free_fit.alpha_lo),
         "loss_alpha_free_L0_hi": float(free_fit.alpha_hi), "loss_L0": float(free_fit.L0),
         **_growth_dict("w_norm", w_fit),
-        **_growth_dict("logit_std", s_fit),
+        **_growth_dict(vocab.LOGIT_STD, s_fit),
         "final": {"step": int(run.steps[-1]), "loss": float(run.loss[-1]),
-                  "w_norm": float(run.w_norm[-1]), "logit_std": float(run.logit_std[-1])},
+                  "w_norm": float(run.w_norm[-1]), vocab.LOGIT_STD: float(run.logit_std[-1])},
         "wall_s": float(run.wall_s),
     }
     lo, hi = THIRD_BAND
     summary["in_band"] = {key: bool(lo <= summary[f"{key}_alpha"] <= hi)
-                          for key in ("loss", "w_norm", "logit_std")}
+                          for key in ("loss", "w_norm", vocab.LOGIT_STD)}
     summary["verdict_band"] = list(BAND)
     summary["verdict"] = {key: judge_third(summary[f"{key}_alpha_lo"], summary[f"{key}_alpha_hi"])
-                          for key in ("loss", "w_norm", "logit_std")}
+                          for key in ("loss", "w_norm", vocab.LOGIT_STD)}
     return summary
 
 
@@ -278,7 +279,7 @@ def format_peaked(summary: dict) -> str:
         lines.append(f"peaked softmax, {name}: window steps {w['t_min']:.0f}-{w['t_max']:.0f} "
                      f"({w['n_points']} points; {w['rule']})")
         for key, label in (("loss", "loss decay"), ("w_norm", "||W|| growth"),
-                           ("logit_std", "logit std growth")):
+                           (vocab.LOGIT_STD, "logit std growth")):
             lines.append(
                 f"  {label:<17} alpha {run[key + '_alpha']:.3f} "
                 f"[{run[key + '_alpha_lo']:.3f}, {run[key + '_alpha_hi']:.3f}] (90% CI) -> "
@@ -293,7 +294,7 @@ def format_peaked(summary: dict) -> str:
 def run_to_dict(run: PeakedRun) -> dict:
     """The run's curves and config as plain JSON-able lists."""
     out = asdict(run)
-    for key in ("steps", "loss", "w_norm", "logit_std"):
+    for key in ("steps", "loss", "w_norm", vocab.LOGIT_STD):
         out[key] = np.asarray(out[key]).tolist()
     return out
 
@@ -319,7 +320,7 @@ def cli_peaked(
         fit = summarize_peaked(run)
         paths = plot_peaked(run, fit, out_dir)
         fit["curves"] = {k: v for k, v in run_to_dict(run).items()
-                         if k in ("steps", "loss", "w_norm", "logit_std")}
+                         if k in ("steps", "loss", "w_norm", vocab.LOGIT_STD)}
         summary["runs"][name] = fit
         summary["plots"] += [p.name for p in paths]
     write_json(out_dir / "summary.json", summary)

@@ -60,7 +60,7 @@ from peakprobe.hf import quiet_transformers_progress
 from peakprobe.results import read_json, write_json
 from peakprobe.toy import planted_scale
 from peakprobe.toy.tiny_lm import TinyLMConfig, model_config, run_updates, torch_threads
-from peakprobe.vocab import BOTTLENECK_ATTENTION, BOTTLENECK_LM_HEAD
+from peakprobe.vocab import BOTTLENECK_ATTENTION, BOTTLENECK_LM_HEAD, PeakprobeError
 
 LM_HEAD_TASK = "lm_head"
 ATTENTION_TASK = "attention"
@@ -76,7 +76,7 @@ PLANTED_FORMAT = 3  # bump when a change here changes the trained weights
 _EVAL_STREAM = 1_000_003  # the eval sequences' seed offset, disjoint from every training batch
 
 
-class PlantedError(ValueError):
+class PlantedError(PeakprobeError):
     """A planted-task config or output folder that cannot be used."""
 
 

@@ -77,11 +77,11 @@ def plot_linear_attention(comparison: Any, out_dir: Path) -> list[Path]:
     fig, (ax, ax_r) = _subplots(2, (12, 4.5))
     for i, m in enumerate(sim.model_sizes):
         color = f"C{i}"
-        mean = sim.loss[i].mean(axis=0)
+        mean = sim.loss[i].mean(axis=0)  # NaN after this size's last step
         lo, hi = np.quantile(sim.loss[i], [0.1, 0.9], axis=0)
         ax.fill_between(sim.t, lo, hi, color=color, alpha=0.2, lw=0)
-        ax.loglog(sim.t, mean, "o", ms=3, color=color, label=f"M = {m}: simulation (mean)")
-        ax.loglog(sim.t, red[i], "-", color=color, lw=1.2, label=f"M = {m}: reduced ODE")
+        ax.loglog(sim.t, mean, "o", ms=3, color=color, label=f"M = {m}")
+        ax.loglog(sim.t, red[i], "-", color=color, lw=1.2)
         ax_r.loglog(sim.t, mean - floor, "o", ms=3, color=color, label=f"M = {m}")
         ax_r.loglog(sim.t, red[i] - floor, "-", color=color, lw=1.2)
         row = comparison.table.iloc[i]
@@ -94,7 +94,8 @@ def plot_linear_attention(comparison: Any, out_dir: Path) -> list[Path]:
                 label=f"closed form, M = inf: ~ t^-{theory:.3f} = t^-(a/(1+a))")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(f"linear attention, a = {sim.config['zipf_a']:g}: simulation vs reduced dynamics")
+    ax.set_title(f"linear attention, a = {sim.config['zipf_a']:g}: simulation (dots, 10-90% band) "
+                 "vs reduced dynamics (lines)", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     ax_r.set_xlabel("step")
     ax_r.set_ylabel(f"loss - context floor 1/(N+2) = {floor:.4f}")
@@ -102,16 +103,21 @@ def plot_linear_attention(comparison: Any, out_dir: Path) -> list[Path]:
     ax_r.legend(fontsize=7)
     paths = [_save(fig, out_dir / "linear_attention_curves.png")]
 
-    fig, ax = _subplots(1, (5, 4))
+    fig, ax = _subplots(1, (5.5, 4.5))
     sizes = np.asarray(sim.model_sizes, dtype=float)
     table = comparison.table
     ax.loglog(sizes, table["final_reducible_sim"], "o", label="simulation")
     ax.loglog(sizes, table["final_reducible_reduced"], "s", mfc="none", label="reduced ODE")
+    ax.loglog(sizes, table["converged_reducible"], "+", color="k", label="closed form, converged")
     s = comparison.summary["size"]
-    ax.loglog(sizes, s["c_reduced"] * sizes ** (-s["alpha_reduced"]), "-", color="k", lw=1,
-              label=f"fit: M^-{s['alpha_reduced']:.3f} (theory a = {sim.config['zipf_a']:g})")
+    if "alpha_sim" in s:
+        ax.loglog(sizes, s["c_sim"] * sizes ** (-s["alpha_sim"]), "-", color="k", lw=1,
+                  label=f"fit: M^-{s['alpha_sim']:.3f} [{s['alpha_sim_lo']:.3f}, "
+                        f"{s['alpha_sim_hi']:.3f}], ODE {s['alpha_reduced']:.3f}, "
+                        f"predicted a = {sim.config['zipf_a']:g}")
+    ax.set_title("final loss at ~1.8 half-learning times of feature M", fontsize=9)
     ax.set_xlabel("model size M (key/query width)")
     ax.set_ylabel("final loss - context floor")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="lower left")
     paths.append(_save(fig, out_dir / "linear_attention_sizes.png"))
     return paths

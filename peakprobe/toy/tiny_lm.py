@@ -43,6 +43,7 @@ from peakprobe import corpus
 from peakprobe.checkpoints_index.schedules import WarmupCosine
 from peakprobe.hf import quiet_transformers_progress
 from peakprobe.results import read_json, write_json
+from peakprobe.vocab import PeakprobeError
 
 MARKER = "tiny_lm.json"
 SCHEDULE = "schedule.json"
@@ -50,7 +51,7 @@ TRAIN_LOG = "train_log.json"
 TRAINER_FORMAT = 2  # bump when a change to this module or the corpus changes the trained weights
 
 
-class TinyLMError(ValueError):
+class TinyLMError(PeakprobeError):
     """A tiny-LM config or output folder the trainer cannot use."""
 
 

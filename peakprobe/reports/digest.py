@@ -1,7 +1,8 @@
-"""``summary.json``: verdicts and key numbers (schema in docs/summary_schema.md).
+"""The report's digest, written as ``summary.json``: verdicts and key numbers (schema in
+docs/summary_schema.md).
 
-Owns: assembling the summary dictionary from fits.json, fits.parquet, integrity.json, the
-per-site table and the manifest (summary.md renders it: reports/markdown.py). Nothing here depends on the clock or the command
+Owns: assembling the digest from fits.json, fits.parquet, integrity.json, the per-site table
+and the manifest (``summary.md`` renders it: reports/markdown.py). Nothing here depends on the clock or the command
 line, so the same run always gives the same bytes; NaN and infinities become JSON ``null``.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from peakprobe import vocab
 from peakprobe.reports import science
 from peakprobe.reports.tables import RunData, sensitivity_ranking
 from peakprobe.vocab import (
@@ -62,7 +64,7 @@ def verdict_text(verdict: str, band: tuple[float, float], lo: Any = None, hi: An
 
 def _loss_block(run: RunData, band: tuple[float, float]) -> dict | None:
     f = run.fits
-    rows = f[(f["fit"] == "loss")]
+    rows = f[(f["fit"] == vocab.FIT_LOSS)]
     given = run.verdicts.get("loss") or {}
     if rows.empty and not given:
         return None
@@ -175,7 +177,7 @@ def _bottleneck_block(run: RunData, band: tuple[float, float]) -> dict:
     }
 
 
-def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
+def build_digest(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
     """The summary.json object (documented field by field in docs/summary_schema.md)."""
     m = run.manifest
     steps = run.results.drop_duplicates("revision")[["revision", "step"]]
@@ -227,6 +229,7 @@ def build_summary(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict
         "data": {k: data.get(k) for k in ("spec", "n_windows", "window", "token_hash")},
         "versions": dict(m.get("versions") or {}),
         "loss": loss,
+        "skipped": list(run.verdicts.get("skipped") or []),
         "exponents": exponents,
         "bottleneck": _bottleneck_block(run, band),
         "peakedness": science.peakedness_block(run, heads),

@@ -48,16 +48,27 @@ from .tempered import Tempered, cached_below, decoder_layers, outer_blocks, reco
 LM_SCAN = tuple(x / 2 for x in range(-6, 7))  # log beta -3 .. 3: the LM head's loss is cheap
 GROUP_EVALS = 12  # loss evaluations at most per search
 HEAD_MODES = ("screen", "estimate", "search", "off")
-Batch = tuple[torch.Tensor, torch.Tensor | None]
+#: (input_ids (B, T), attention_mask (B, T) or None[, position_ids (B, T) or None]): position
+#: ids restarting at 0 mark packed documents (then the mask is None)
+Batch = tuple[torch.Tensor, ...]
 
 
-def _targets(ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Next-token targets (B, T-1), -100 where the token or its successor is padding."""
+def _full(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A batch as (ids, mask, position ids)."""
+    ids, mask, *rest = batch
+    return ids, mask, (rest[0] if rest else None)
+
+
+def _targets(ids: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor | None = None) -> torch.Tensor:
+    """Next-token targets (B, T-1), -100 where the token or its successor is padding, or where
+    the successor starts another packed document."""
     tgt = ids[:, 1:].clone()
+    ok = torch.ones_like(tgt, dtype=torch.bool)
     if mask is not None:
         ok = mask[:, 1:].bool() & mask[:, :-1].bool()
-        tgt = torch.where(ok, tgt, torch.full_like(tgt, -100))
-    return tgt
+    if pos is not None:
+        ok = ok & (pos.expand_as(ids)[:, 1:] != 0)
+    return torch.where(ok, tgt, torch.full_like(tgt, -100))
 
 
 def _ce_sum(logits: torch.Tensor, tgt: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -93,13 +104,19 @@ def _lm_closed_form(logits: Sequence[torch.Tensor], targets: Sequence[torch.Tens
 def _halves(batches: Sequence[Batch]) -> list[list[Batch]]:
     """The windows of ``batches`` in two parts, the first ceil(N / 2) windows and the rest, each
     cut into batches no larger than the largest given; one part for a single window."""
-    ids = torch.cat([i for i, _ in batches])  # (N, T)
-    masks = [m for _, m in batches]
-    mask = None if all(m is None for m in masks) else torch.cat(
-        [torch.ones_like(i) if m is None else m for i, m in batches])
-    size, n = max(len(i) for i, _ in batches), len(ids)
+    full = [_full(b) for b in batches]
+    ids = torch.cat([i for i, _, _ in full])  # (N, T)
+    mask = None if all(m is None for _, m, _ in full) else torch.cat(
+        [torch.ones_like(i) if m is None else m for i, m, _ in full])
+    pos = None if all(p is None for _, _, p in full) else torch.cat(
+        [torch.arange(i.shape[1]).expand_as(i) if p is None else p.expand_as(i) for i, _, p in full])
+    size, n = max(len(i) for i, _, _ in full), len(ids)
     cut = (n + 1) // 2 if n > 1 else n
-    return [[(ids[a : min(a + size, b)], None if mask is None else mask[a : min(a + size, b)])
+
+    def rows(x, a, b):
+        return None if x is None else x[a:b]
+
+    return [[(ids[a : min(a + size, b)], rows(mask, a, min(a + size, b)), rows(pos, a, min(a + size, b)))
              for a in range(lo_, b, size)] for lo_, b in ((0, cut), (cut, n)) if b > lo_]
 
 
@@ -115,15 +132,16 @@ class _Runner:
         self.model = state.model
         device = next(self.model.parameters()).device
         parts = _halves(batches)
-        self.batches = [(i.to(device), None if m is None else m.to(device)) for part in parts for i, m in part]
+        self.batches = [tuple(None if x is None else x.to(device) for x in batch)
+                        for part in parts for batch in part]
         self.parts = [list(range(sum(map(len, parts[:k])), sum(map(len, parts[: k + 1]))))
                       for k in range(len(parts))]  # batch indices of each part
-        self.targets = [_targets(i, m) for i, m in self.batches]
+        self.targets = [_targets(*batch) for batch in self.batches]
         counts = [int((t >= 0).sum()) for t in self.targets]
         self.part_tokens = [sum(counts[b] for b in part) for part in self.parts]
         self.n_tokens = sum(self.part_tokens)
         if self.n_tokens == 0:
-            raise ValueError("the attribution windows hold no next-token targets")
+            raise vocab.PeakprobeError("the attribution windows hold no next-token targets")
         self.part_loss0: list[float] = []  # per part: the loss sum at beta = 1
         self.part_grads: list[dict[int, torch.Tensor]] = []  # per part: layer -> (H,) slope sums
         self.layers: list | None = None
@@ -134,8 +152,9 @@ class _Runner:
         self._checked: list[dict[int, bool]] = []  # per batch: the one-head calls' check
         self.loss0 = float("nan")
 
-    def _forward(self, ids, mask):
-        return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    def _forward(self, ids, mask, pos=None):
+        extra = {} if pos is None else {"position_ids": pos}
+        return self.model(input_ids=ids, attention_mask=mask, use_cache=False, **extra).logits
 
     def gradients(self) -> dict[int, torch.Tensor]:
         """d L / d log beta per layer, (H,) float64, by one backward pass per batch.
@@ -152,10 +171,10 @@ class _Runner:
                 for k, part in enumerate(self.parts):
                     total = self.part_grads[k]
                     for b in part:
-                        ids, mask = self.batches[b]
+                        batch = self.batches[b]
                         self.state.log_betas, self.state.record = {}, {}
                         with recording(blocks) as outs:
-                            logits = self._forward(ids, mask)
+                            logits = self._forward(*batch)
                         self.attn_outputs.append(self.state.record)
                         self.state.record = None
                         loss = _ce_sum(logits, self.targets[b])
@@ -203,10 +222,10 @@ class _Runner:
         self.part_loss0 = [0.0] * len(self.parts)
         for k, part in enumerate(self.parts):
             for b in part:
-                ids, mask = self.batches[b]
+                batch = self.batches[b]
                 self.state.record = {} if self.layers is not None else None
                 with recording(self.layers or []) as outs:
-                    logits = self._forward(ids, mask)
+                    logits = self._forward(*batch)
                 self.attn_outputs.append(self.state.record or {})
                 self.state.record = None
                 self.logits.append(logits)
@@ -234,14 +253,14 @@ class _Runner:
         total = 0.0
         try:
             for b in self.parts[part]:
-                ids, mask = self.batches[b]
+                batch = self.batches[b]
                 if splice:
                     self.state.cached, self.state.checked = self.attn_outputs[b], self._checked[b]
                 if self.layers is not None and start > 0:
                     with cached_below(self.layers, self.outputs[b], start):
-                        logits = self._forward(ids, mask)
+                        logits = self._forward(*batch)
                 else:
-                    logits = self._forward(ids, mask)
+                    logits = self._forward(*batch)
                 total += _ce_sum(logits, self.targets[b]).item()
         finally:
             self.state.betas, self.state.cached = {}, {}
@@ -303,7 +322,7 @@ def attribute(
     value, n_rows; n_rows = next-token targets). ``heads``: "screen", "estimate", "search" or "off" (see
     the module doc). The model is unchanged afterwards."""
     if heads not in HEAD_MODES:
-        raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
+        raise vocab.PeakprobeError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
     was_training = model.training
     model.eval()
     try:

@@ -1,5 +1,5 @@
-"""The compact terminal summary of a run's fits (`peakprobe fit` prints it): every verdict with
-its interval, the band and the window."""
+"""The terminal text of a fitted run (`peakprobe fit` prints ``format_fits``): every verdict with
+its interval, the band and the window, and the fits that were skipped and why."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _pct_ci(lo: float | None, hi: float | None) -> str:
     return f"[{_pct(lo)}, {top}]"
 
 
-def format_summary(run_fits: RunFits, n_sites: int = 5) -> str:
+def format_fits(run_fits: RunFits, n_sites: int = 5) -> str:
     """A few lines: window, loss law with its three-way verdict, the scan, the bottleneck
     verdict with shares and exponents, BH-controlled head counts, top sites, flags."""
     rf = run_fits
@@ -48,9 +48,12 @@ def format_summary(run_fits: RunFits, n_sites: int = 5) -> str:
     if doc["excluded"]:
         lines.append("excluded (duplicate weights): "
                      + ", ".join(e["revision"] for e in doc["excluded"]))
+    for s in doc.get("skipped", []):
+        lines.append(f"SKIPPED {s['fit']} fit: {s['reason']}")
     loss = rf.loss
     if loss is None:
-        lines.append("loss: no LM-head loss in the results")
+        if not any(s["fit"] == vocab.FIT_LOSS for s in doc.get("skipped", [])):
+            lines.append("loss: no LM-head loss in the results")
     else:
         lines.append(
             f"loss: L = {_num(loss.L0, '.2f')} + {_num(loss.c, '#.3g')} t^-{_num(loss.alpha)}; "

@@ -1,9 +1,8 @@
 """The model under a per-layer, per-head inverse temperature beta, and the block caching the
 attribution's evaluations use.
 
-``tempered`` routes every attention call of a model through ``Tempered.attention`` (one
-function registered with transformers' ``AttentionInterface``, with the original mask
-function) and restores the model on exit. A call with a layer's beta computes that layer's
+``tempered`` routes every attention call of a model through ``Tempered.attention``
+(``hooks.routing``) and restores the model on exit. A call with a layer's beta computes that layer's
 softmaxes with beta on their logits (``beta``); where only one head's beta differs from 1 and
 the layer's beta = 1 output was recorded, only that head is computed again and spliced into it.
 ``decoder_layers`` finds the decoder blocks; ``cached_below`` makes the blocks below a layer
@@ -12,19 +11,13 @@ answer with cached outputs, ``recording`` records block outputs while inside.
 
 from __future__ import annotations
 
-import itertools
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..hooks.routing import call_original, original_attention, route_attention
 from .beta import attention_with_beta, one_head, real_module
-
-_names = itertools.count()
 
 
 class Tempered:
@@ -50,13 +43,8 @@ class Tempered:
         return int(idx)
 
     def _original(self, module, query, key, value, attention_mask, **kwargs):
-        if self._delegate is not None:
-            return self._delegate(module, query, key, value, attention_mask, **kwargs)
-        owner = type(real_module(module))
-        eager = getattr(sys.modules[owner.__module__], "eager_attention_forward", None)
-        if eager is None:
-            raise ValueError(f"{owner.__name__} has no eager_attention_forward to delegate to")
-        return eager(module, query, key, value, attention_mask, **kwargs)
+        return call_original(self._delegate, module, type(real_module(module)), query, key, value,
+                             attention_mask, **kwargs)
 
     def _one_head_only(self, layer, module, query, key, value, attention_mask, beta, kwargs):
         """Where only one head's beta differs from 1: the beta = 1 output of this layer with that
@@ -115,20 +103,11 @@ class Tempered:
 @contextmanager
 def tempered(model: torch.nn.Module) -> Iterator[Tempered]:
     """Route every attention call of ``model`` through ``Tempered.attention``; restore on exit."""
-    original = model.config._attn_implementation or "eager"
-    delegate = None if original == "eager" else ALL_ATTENTION_FUNCTIONS[original]
-    state = Tempered(model, delegate)
-    name = f"peakprobe_beta_{next(_names)}"
-    AttentionInterface.register(name, state.attention)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+    state = Tempered(model, original_attention(model))
     try:
-        model.set_attn_implementation(name)
-        yield state
+        with route_attention(model, state.attention, prefix="peakprobe_beta"):
+            yield state
     finally:
-        if model.config._attn_implementation == name:
-            model.set_attn_implementation(original)
-        AttentionInterface._global_mapping.pop(name, None)
-        AttentionMaskInterface._global_mapping.pop(name, None)
         state.model = None
 
 

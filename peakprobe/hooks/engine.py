@@ -1,0 +1,213 @@
+"""The statistics of softmax calls, whatever model makes them: ``SiteStats``.
+
+A hook (the Hugging Face attention interface in ``interface``, any model's
+``F.scaled_dot_product_attention`` calls in ``sdpa``) hands each attention call's query and
+key states and its masking here, and the final logits with their next-token targets; this
+module picks the statistics path, reduces the call to per-site sums and accumulates them.
+
+Paths for attention:
+* the fused Triton kernel (``probes.triton_kernel``), backend "triton", and "auto" on CUDA:
+  one launch per layer over per-row key ranges (``probes.ranges``), no host synchronisation; a
+  mask the ranges cannot express is counted on the device and checked once per batch
+  (``check_ranges``), and the batch is then probed again on the torch path;
+* the torch path (``probes.attention``), the exact reference, backend "torch", and "auto" on
+  CPU; "compile" fuses its block passes with ``torch.compile``; ``fused`` also returns the
+  attention output from the same exponentials.
+
+The LM head reduces the model's own logits block by block (never a float copy of the whole
+logits tensor) and keeps the batch's loss on the device until it is asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+from .. import vocab
+from ..config import ProbeConfig
+from ..probes import (
+    Accumulator,
+    MaskSpec,
+    SiteGroup,
+    attention_forward_with_sums,
+    attention_head_sums,
+)
+from ..probes.ranges import key_ranges, ranges_mask, ranges_supported
+from ..probes.rows import block_sums, finish, target_logit
+from ..probes.sums import Sums
+from ..probes.workspace import Workspace
+from .routing import UnsupportedModelError
+
+STATS_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+LM_BLOCK_ELEMENTS = 1 << 20  # elements of one block of LM-head logits at most (one row may exceed it)
+CPU_CHUNK = 32  # query rows per attention block on CPU (the fastest there: benchmarks/throughput.py)
+#: elements of one block of logits on a GPU (torch path and LM head): few large kernels, since
+#: small blocks leave a GPU waiting on launches (docs/gpu.md)
+GPU_BLOCK_ELEMENTS = 1 << 25
+
+
+def block_rows(chunk: int | None, query: torch.Tensor, key: torch.Tensor) -> int:
+    """Query rows per attention block on the torch path: ``chunk`` if given; else CPU_CHUNK on
+    CPU, and on a GPU the largest power of two (at least CPU_CHUNK) whose (B, H, rows, Tk) block
+    of logits stays within GPU_BLOCK_ELEMENTS."""
+    if chunk is not None:
+        return chunk
+    if not query.is_cuda:
+        return CPU_CHUNK
+    return gpu_rows(query.shape[0], query.shape[1], key.shape[2])
+
+
+def gpu_rows(batch: int, heads: int, keys: int, budget: int | None = None) -> int:
+    """The largest power of two, at least CPU_CHUNK, with batch x heads x rows x keys <= budget
+    (GPU_BLOCK_ELEMENTS by default)."""
+    budget = GPU_BLOCK_ELEMENTS if budget is None else budget
+    rows = max(1, budget // max(1, batch * heads * keys))
+    return max(CPU_CHUNK, 1 << (rows.bit_length() - 1))
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def resolve_backend(backend: str, like: torch.Tensor) -> str:
+    """The path a call on ``like``'s device takes: "auto" is the Triton kernel on CUDA when
+    triton is installed and the torch path elsewhere (never "compile": it recompiles per shape
+    and needs a C++ compiler on CPU)."""
+    if backend != "auto":
+        return backend
+    return "triton" if like.is_cuda and triton_available() else "torch"
+
+
+def _check_compile(dtype: torch.dtype) -> None:
+    """Backend "compile": build the fused reductions now, so a missing compiler is one
+    ``CompileError`` before anything runs, not a failure at every checkpoint."""
+    with torch.no_grad():  # as the probes run (grad mode is part of what is compiled)
+        block_sums(torch.zeros(2, 2, 4, dtype=dtype), compiled=True)
+
+
+def lm_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+               position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows kept (B, T) bool, next-token target (B, T) int64, -1 where none): the next token
+    when both positions are real tokens of the same document (``position_ids`` restarting at 0
+    mark packed documents' starts)."""
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    nxt_ok = mask[:, 1:] & mask[:, :-1]
+    if position_ids is not None and position_ids.shape[-1] == input_ids.shape[-1]:
+        nxt_ok = nxt_ok & (position_ids.expand_as(input_ids)[:, 1:] != 0)
+    target = torch.full_like(input_ids, -1)
+    target[:, :-1] = torch.where(nxt_ok, input_ids[:, 1:], torch.full_like(input_ids[:, 1:], -1))
+    return mask, target
+
+
+class SiteStats:
+    """Accumulates the statistics of every softmax call handed to it (``attention``,
+    ``lm_head``), on the path ``config`` asks for."""
+
+    def __init__(self, config: ProbeConfig):
+        self.config = config
+        self.accumulator = Accumulator()
+        self.work = Workspace()  # block-sized scratch, reused from block to block
+        self.dtype = STATS_DTYPES[config.dtype]
+        self.compiled = config.backend == "compile"
+        if self.compiled:
+            _check_compile(self.dtype)
+        if config.backend == "triton" and not triton_available():
+            raise UnsupportedModelError("backend 'triton' needs the triton package (pip install triton)")
+        self._broken: list[torch.Tensor] = []  # per kernel call: rows its ranges misrepresent
+        self._loss: list[torch.Tensor] = []  # per LM-head call: (sum, count) on the device
+
+    # -- attention ---------------------------------------------------------------------------
+    def _kernel(self, query, key, spec: MaskSpec, kw: dict) -> bool:
+        if resolve_backend(self.config.backend, query) != "triton" or self.config.fused:
+            return False
+        from ..probes.triton_kernel import kernel_supported
+
+        return (ranges_supported(spec, query.shape[1])
+                and kernel_supported(query, key, position_bias=kw.get("position_bias"), dtype=self.dtype))
+
+    def attention(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None,
+                  *, spec: MaskSpec, scaling: float, softcap: float | None = None,
+                  sinks: torch.Tensor | None = None, position_bias: torch.Tensor | None = None,
+                  row_valid: torch.Tensor | None = None, doc_start: torch.Tensor | None = None,
+                  want_output: bool = False) -> torch.Tensor | None:
+        """Add the statistics of one attention call to layer ``layer``'s sites: query
+        (B, H, Tq, D), key (B, Hkv, Tk, D); ``doc_start`` (B|1, Tq) the first key of each row's
+        document (packed documents without a mask tensor). With ``want_output`` (and
+        ``config.fused``) returns the attention output (B, Tq, H, Dv) computed from the probe's
+        own scores, else None."""
+        query, key = query.detach(), key.detach()
+        b, h, tq, _ = query.shape
+        tk = key.shape[2]
+        kw = {"scaling": scaling, "softcap": softcap, "sinks": sinks, "position_bias": position_bias}
+        if self._kernel(query, key, spec, kw):
+            from ..probes.triton_kernel import kernel_site_sums
+
+            r = key_ranges(spec, b, tq, tk, query.device, doc_start)
+            self._broken.append(r.broken)
+            site = kernel_site_sums(query, key, scaling=scaling, start=r.start, end=r.end,
+                                    row_valid=row_valid, softcap=softcap, sinks=sinks)
+            self.accumulator.add(SiteGroup(vocab.ATTN, layer), site)
+            return None
+        if doc_start is not None:  # packed documents without a mask tensor: write their mask
+            spec = MaskSpec(mask=ranges_mask(key_ranges(spec, b, tq, tk, query.device, doc_start), tk))
+        torch_kw = dict(kw, mask=spec, row_valid=row_valid, chunk=block_rows(self.config.chunk, query, key),
+                        dtype=self.dtype, work=self.work)
+        out = None
+        if want_output and self.config.fused and value is not None and not torch.is_grad_enabled():
+            out, site = attention_forward_with_sums(query, key, value.detach(), **torch_kw)
+        else:
+            sums = functools.partial(attention_head_sums, compiled=True) if self.compiled else attention_head_sums
+            site = sums(query, key, **torch_kw)
+        self.accumulator.add(SiteGroup(vocab.ATTN, layer), site)
+        return out
+
+    def ranges_broken(self) -> int:
+        """Rows, since the last call, whose mask the kernel's key ranges could not express (one
+        device-to-host copy); the caller probes that batch again on the torch path."""
+        if not self._broken:
+            return 0
+        n = int(torch.stack([x.to(self._broken[0].device) for x in self._broken]).sum())
+        self._broken.clear()
+        return n
+
+    # -- the LM head ---------------------------------------------------------------------------
+    def lm_head(self, logits: torch.Tensor, kept: torch.Tensor, target: torch.Tensor) -> None:
+        """Add the LM head's statistics of ``logits`` (B, T, V) over the kept positions (B, T)
+        against the next-token ``target`` (B, T; -1 none), block by block in the statistics
+        dtype; the batch's loss sum and count stay on the device (``loss``)."""
+        b, t, v = logits.shape
+        # Positions per block: at most lm_chunk, and few enough that one (B, C, V) temporary
+        # stays within the block budget whatever the vocabulary (the size of the attention
+        # blocks, so both reuse the same workspace buffers instead of growing them).
+        budget = GPU_BLOCK_ELEMENTS if logits.is_cuda else LM_BLOCK_ELEMENTS
+        step = max(1, min(self.config.lm_chunk, budget // max(1, b * v)))
+        parts: list[Sums] = []  # per block of positions: (B, C) sums over the vocabulary
+        targets = []
+        target = target.to(logits.device)
+        with torch.no_grad():
+            valid = torch.ones(1, 1, v, dtype=torch.bool, device=logits.device)
+            for t0 in range(0, t, step):
+                z = logits[:, t0 : t0 + step].detach().to(self.dtype)  # (B, C, V)
+                parts.append(block_sums(z, compiled=self.compiled, work=self.work))
+                targets.append(target_logit(z, valid, target[:, t0 : t0 + step]))
+            # every position's statistics at once: few large per-row operations, not many small
+            keys = Sums(*(torch.cat([getattr(p, f) for p in parts], 1) for f in Sums.__dataclass_fields__))
+            stats = finish(keys, kept.to(logits.device), target_logit=torch.cat(targets, 1), n_max=v)
+            self.accumulator.add_rows(SiteGroup(vocab.LM_HEAD, -1), stats, head_dim=None)
+            w = stats.weight[vocab.LOSS]
+            self._loss.append(torch.stack([(stats.values[vocab.LOSS] * w).sum(), w.sum()]))
+
+    def loss(self) -> float:
+        """The mean next-token loss of the LM-head calls since the last call (NaN without one;
+        one device-to-host copy)."""
+        if not self._loss:
+            return float("nan")
+        total, n = torch.stack(self._loss).sum(0).tolist()
+        self._loss.clear()
+        return total / n if n else float("nan")
+
+    def clear(self) -> None:
+        self.work.clear()
+
