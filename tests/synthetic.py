@@ -113,6 +113,7 @@ def _site_metrics(beta: np.ndarray, c0: float, n: int, eff: float) -> dict[str, 
         "logit_std": beta,
         "logit_max_minus_mean": beta * c0,
         "logit_top_gap": beta / 4.0,
+        vocab.LOGIT_MAX: 3.0 * beta * c0,  # the largest logit: a fixed multiple of the std
         "peaked": _flag(beta, c0),
         "max_prob": max_prob,
         "entropy": entropy,
@@ -275,7 +276,11 @@ def make_run(
             values.append(v)
     vals = np.array(values)  # (R, T)
     names_a = np.array(names)
-    eps = rng.standard_normal(vals.shape)
+    # the largest logit is planted noise-free, and draws no noise: the other rows get the same
+    # noise as in runs planted without it
+    noisy = names_a != vocab.LOGIT_MAX
+    eps = np.zeros(vals.shape)
+    eps[noisy] = rng.standard_normal((int(noisy.sum()), vals.shape[1]))
     exact = np.array([n.startswith("peaked") or n == "loss" for n in names])
     rel = np.where(names_a == vocab.GAIN, gain_noise, noise)
     rel = np.where(exact, 0.0, rel)

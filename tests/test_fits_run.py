@@ -59,7 +59,7 @@ def test_fits_parquet_matches_the_contract(planted) -> None:
     df = table.to_pandas()
     assert (df["fit"] == "loss").sum() == 1
     attn = df[(df["fit"] == "growth") & (df["site_kind"] == vocab.ATTN)]
-    assert len(attn) == 12 * 5  # 12 heads x (3 logit magnitudes, max_prob, entropy)
+    assert len(attn) == 12 * 6  # 12 heads x (3 logit magnitudes, logit_max, max_prob, entropy)
     # one gain row per gain site: 12 heads, 2 layers, all heads, the LM head
     assert (df["fit"] == "gain").sum() == 12 + 2 + 1 + 1
     keys = list(zip(df["fit"], df["site_kind"], df["layer"], df["head"], df["metric"],

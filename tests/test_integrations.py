@@ -231,6 +231,33 @@ def test_a_logit_std_jump_raises_a_warning_that_names_the_head(tmp_path, caplog)
     assert results.read_json(tmp_path / "run" / vocab.MONITOR_FILE)["alarms"] == monitor.alarms
 
 
+def test_a_head_whose_logits_cross_the_max_logit_threshold_is_named(tmp_path, caplog):
+    """One head's queries scaled until its largest logit passes 100: the alarm names that head
+    (and no other) with the value the parquet holds; a higher threshold stays silent."""
+    model = tiny_model("llama_gqa", dtype=torch.float32)
+    d = model.config.head_dim
+    monitor = Monitor(eval_windows(), tmp_path / "run", total_steps=2, model=model)
+    with caplog.at_level(logging.WARNING, logger="peakprobe.monitor"):
+        first = monitor.step(0)
+        top = first[(first["metric"] == vocab.LOGIT_MAX) & (first["site_kind"] == "attn")]
+        assert top["value"].max() < vocab.LOGIT_MAX_ALARM
+        (head_max,) = top[(top["layer"] == 0) & (top["head"] == 1)]["value"]
+        with torch.no_grad():  # head 1's logits scale with its query rows
+            model.model.layers[0].self_attn.q_proj.weight[d : 2 * d].mul_(1.5 * vocab.LOGIT_MAX_ALARM / head_max)
+        second = monitor.step(1)
+    said = [r.getMessage() for r in caplog.records if "max logit" in r.getMessage()]
+    (value,) = second[(second["metric"] == vocab.LOGIT_MAX) & (second["layer"] == 0)
+                      & (second["head"] == 1) & (second["site_kind"] == "attn")]["value"]
+    assert value == pytest.approx(1.5 * vocab.LOGIT_MAX_ALARM, rel=0.05)
+    assert len(said) == 1 and "max logit at step 1: attn L0 H1 logit_max" in said[0]
+    assert f"{value:.4g} > 100" in said[0]
+    assert live_scalars(second)["peakprobe/logit_max"] == pytest.approx(value)
+    quiet = Monitor(eval_windows(), tmp_path / "quiet", total_steps=2, model=model,
+                    logit_max_alarm=1e9)
+    quiet.step(0)
+    assert not [m for m in quiet.alarms if "max logit" in m]
+
+
 # -- scalars and alarms on planted frames --------------------------------------------------------------
 def _frame(step: int, std: dict, entropy_norm: dict, peaked: dict | None = None) -> pd.DataFrame:
     rows = [("lm_head", -1, -1, "loss", 2.0), ("lm_head", -1, -1, "logit_std", std.get("lm", 1.0)),

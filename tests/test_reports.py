@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 from synthetic import make_run
 
+from peakprobe import results, vocab
 from peakprobe.fits import fit_run
 from peakprobe.fits.third import judge_third
 from peakprobe.reports import (
@@ -470,3 +471,24 @@ def test_pythia_12b_shape_report_stays_small(tmp_path):
     heads = pq.read_table(paths.heads_parquet).to_pandas()
     assert len(heads) == 36 * 40 + 1
     assert paths.html.read_text().split('id="heads-table"', 1)[1].count("<tr>") == 36 * 40 + 2
+
+
+def test_the_max_logit_has_its_column_figure_and_growth_fit(run):
+    """The planted largest logit (3 c0 beta, noise-free) is the heads table's final value as the
+    results hold it, its growth exponent is logit_std's (planted from the same beta, with noise),
+    and it has its own figure."""
+    run_dir, planted, paths, _ = run
+    heads = pq.read_table(paths.heads_parquet).to_pandas()
+    res = results.read_results(run_dir)
+    last = res[(res["step"] == res["step"].max()) & (res["metric"] == vocab.LOGIT_MAX)]
+    want = last.set_index(["site_kind", "layer", "head"])["value"]
+    got = heads.set_index(["site_kind", "layer", "head"])["final_logit_max"]
+    pd.testing.assert_series_equal(got.sort_index(), want.reindex(got.index).sort_index(), check_names=False)
+    fits, _ = _fits(run_dir)
+    growth = fits[fits["fit"] == "growth"].set_index(["site_kind", "layer", "head", "metric"])["alpha"]
+    mine = growth.xs(vocab.LOGIT_MAX, level="metric").dropna()
+    assert len(mine) == L * H + 1
+    for site, alpha in mine.items():
+        assert alpha == pytest.approx(growth.loc[(*site, vocab.LOGIT_STD)], abs=0.05), site
+    assert "logit_max_curves" in {p.stem for p in paths.figures_png}
+    assert "Largest logit per layer" in paths.html.read_text()

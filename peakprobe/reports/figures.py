@@ -325,6 +325,40 @@ def gain_figure(curves: list[Curve], time_axis: str) -> RenderedFigure | None:
     )
 
 
+def logit_max_figure(series: pd.DataFrame, time_axis: str) -> RenderedFigure | None:
+    """The largest logit of each layer (max over heads) and of the LM head along training, with
+    the max-logit alarm's threshold (``vocab.LOGIT_MAX_ALARM``) where the curves reach it."""
+    if series.empty:
+        return None
+    series = series[(series["t"].astype(float) > 0) & np.isfinite(series["value"].astype(float))]
+    if series.empty:
+        return None
+    fig = _new_figure(6.4, 3.6)
+    ax = fig.add_subplot()
+    layers = sorted(int(x) for x in series["layer"].unique())
+    cmap = matplotlib.colormaps["viridis"]
+    for i, layer in enumerate(layers):
+        s = series[series["layer"] == layer]
+        lm = layer < 0
+        ax.plot(s["t"], s["value"], color="black" if lm else cmap(i / max(1, len(layers) - 1)),
+                linestyle="--" if lm else "-", marker="o", markersize=2.5,
+                label="LM head" if lm else f"layer {layer}")
+    ax.set_xscale("log")
+    top = float(series["value"].max())
+    if top > 0.5 * vocab.LOGIT_MAX_ALARM:
+        ax.axhline(vocab.LOGIT_MAX_ALARM, color="red", linewidth=1.0, linestyle=":",
+                   label=f"{vocab.LOGIT_MAX_ALARM:g} (QK-clip threshold)")
+    _labels(ax, time_axis, "largest logit")
+    return render(
+        fig,
+        "logit_max_curves",
+        "Largest logit per layer",
+        "The largest pre-softmax logit over every evaluated row, key and head of each layer "
+        "(logit_max, the quantity QK-clip / MuonClip bound), and the LM head's over the "
+        "vocabulary, at every checkpoint.",
+    )
+
+
 def window_scan_figure(rows: list[dict], band: tuple[float, float], time_axis: str) -> RenderedFigure | None:
     """alpha with its interval against the window start t_min, the band shaded, 1/3 dashed."""
     rows = [r for r in rows if np.isfinite(r["t_min"]) and r["t_min"] > 0 and np.isfinite(r["alpha"])]

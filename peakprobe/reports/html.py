@@ -100,9 +100,11 @@ HEAD_COLUMNS = (
     ("peaked (entropy)", f"final_{PEAKED_ENTROPY}", True),
     ("β_eff", "final_beta_eff", True),
     (vocab.FIRST_KEY_PROB, "final_first_key_prob", True),
+    ("max logit", f"final_{vocab.LOGIT_MAX}", True),
     ("sensitivity", "sensitivity", True),
 )
-OPTIONAL_COLUMNS = ("sensitivity", f"final_{PEAKED_ENTROPY}", "final_beta_eff", "share", "gain_alpha")
+OPTIONAL_COLUMNS = ("sensitivity", f"final_{PEAKED_ENTROPY}", "final_beta_eff", "share", "gain_alpha",
+                    f"final_{vocab.LOGIT_MAX}")
 TEXT_COLUMNS = ("site_class", "verdict")
 
 

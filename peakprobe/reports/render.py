@@ -30,6 +30,7 @@ from peakprobe.reports.tables import (
     growth_curve,
     heads_table,
     load_run,
+    logit_max_series,
     loss_curve,
     sensitivity_ranking,
 )
@@ -45,6 +46,7 @@ FIGURE_NAMES = (
     "gain_curves",
     "window_scan",
     "sensitivity",
+    "logit_max_curves",
 )
 CURVE_HEADS = 6  # attention heads drawn in the growth panels (plus the LM head)
 
@@ -128,6 +130,7 @@ def render_report(
             F.gain_figure(gains, run.time_axis),
             F.window_scan_figure(summary["window_scan"]["rows"], tuple(summary["band"]), run.time_axis),
             F.sensitivity_figure(sensitivity_ranking(heads)),
+            F.logit_max_figure(logit_max_series(run), run.time_axis),
         ]
         rendered = {fig.name: fig for fig in drawn if fig is not None}
         steps.update()

@@ -426,6 +426,20 @@ def curve_sites(
     return chosen, "no head is classed concentrating; heads of largest alpha"
 
 
+def logit_max_series(run: RunData) -> pd.DataFrame:
+    """The largest logit of each layer (max over its heads; layer -1 the LM head) at every
+    checkpoint: columns layer, step, t (the run's time axis), value; empty when the run has no
+    ``logit_max``."""
+    res = run.results
+    rows = res[(res["metric"] == vocab.LOGIT_MAX) & res["site_kind"].isin((ATTN, LM_HEAD))]
+    if rows.empty:
+        return pd.DataFrame(columns=["layer", "step", "t", "value"])
+    out = rows.groupby(["layer", "step"], as_index=False).agg(value=("value", "max"),
+                                                              tau=("tau", "first"))
+    out["t"] = out["tau"] if run.time_axis == "tau" else out["step"].astype(float)
+    return out[["layer", "step", "t", "value"]].sort_values(["layer", "step"], kind="stable")
+
+
 def sensitivity_ranking(heads: pd.DataFrame) -> pd.DataFrame:
     """Sites with a measured sensitivity, most negative d loss / d log beta first (empty if none)."""
     measured = heads[np.isfinite(heads["sensitivity"])]
