@@ -699,3 +699,54 @@ def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
         n_spliced, checked = counts[-1]
         assert n_spliced == 0 and not any(any(c.values()) for c in checked.values()), checked
         pd.testing.assert_frame_equal(refused, whole, check_exact=True)
+
+
+@pytest.mark.parametrize("arch, heads", [("gpt_neox", "screen"), ("llama_gqa", "search"),
+                                         ("gemma2_softcap", "screen"), ("gpt_oss", "estimate")])
+def test_lockstep_head_searches_give_the_sequential_frame(arch, heads):
+    """A layer's head searches advanced together, each round one batched forward with a beta
+    per (replica, head) (the GPU's path), give the frame of the searches run one by one, to
+    float64 rounding: the same steps, on values of a larger batch. Softcapping and sinks take
+    the eager beta path; GQA the model's own attention with the betas folded into the query."""
+    if arch == "gpt_oss":
+        from test_hooks_exact import tiny_model as exact_model
+
+        model = exact_model("gpt_oss")
+    else:
+        model = tiny_model(arch)
+    # float64 Gemma-2's own eager attention turns left-padded rows into NaN: no padding there
+    ids, mask = left_padded_batch(pads=(0, 0, 0) if arch == "gemma2_softcap" else (0, 2, 3))
+    batches = [(ids[:2], mask[:2]), (ids[2:], mask[2:])]
+    one_by_one = attribute(model, batches, heads=heads, lockstep=False)
+    together = attribute(model, batches, heads=heads, lockstep=True)
+    pd.testing.assert_frame_equal(one_by_one.drop(columns="value"), together.drop(columns="value"))
+    np.testing.assert_allclose(together["value"], one_by_one["value"], rtol=1e-8, atol=1e-12)
+    gains = together[(together["metric"] == vocab.GAIN) & (together["site_kind"] == vocab.ATTN)]
+    assert (gains["value"] > 0).any()  # not trivial: some head's temperature moves the loss
+
+
+def test_lockstep_runs_each_round_as_one_forward_and_raises_errors():
+    from peakprobe.attribution.lockstep import run_lockstep
+
+    rounds: list[list] = []
+
+    def evaluate(part, requests):
+        rounds.append(sorted(requests))
+        return [(x - key) ** 2 + part for key, x in requests]
+
+    def job(key, part_sum):  # a fixed three-step walk that depends on what it is told
+        x, seen = 0.0, []
+        for _ in range(3):
+            seen.append(part_sum(x, 0))
+            x += 1.0 if seen[-1] > 0.5 else 0.0
+        return seen
+
+    out = run_lockstep([0, 1, 2], job, evaluate)
+    assert out == [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [4.0, 1.0, 0.0]]
+    assert len(rounds) == 3 and [len(r) for r in rounds] == [3, 3, 3]
+
+    def broken(part, requests):
+        raise RuntimeError("the device fell over")
+
+    with pytest.raises(RuntimeError, match="fell over"):
+        run_lockstep([0, 1], job, broken)

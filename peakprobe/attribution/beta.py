@@ -38,6 +38,12 @@ def mask_spec(query: torch.Tensor, key: torch.Tensor, module, attention_mask, kw
     )
 
 
+def per_head(beta: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """beta (H,), or (B, H) for a beta per batch row, as a (1|B, H, 1, 1) factor in ``like``'s
+    dtype and device."""
+    return beta.to(like.dtype).view(-1 if beta.dim() == 2 else 1, beta.shape[-1], 1, 1)
+
+
 def beta_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -51,7 +57,7 @@ def beta_attention(
 ) -> torch.Tensor:
     """softmax(beta_h * z + mask [, beta_h * sink_h]) @ V per head; returns (B, Tq, H, Dv) like HF.
 
-    query: (B, H, Tq, D); key/value: (B, Hkv, Tk, D); beta: (H,); sink: (H,) or None.
+    query: (B, H, Tq, D); key/value: (B, Hkv, Tk, D); beta: (H,) or (B, H); sink: (H,) or None.
     """
     b, h, tq, _ = query.shape
     hkv, tk = key.shape[1], key.shape[2]
@@ -60,7 +66,7 @@ def beta_attention(
     z = torch.matmul(query, k.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
     if softcap is not None:
         z = torch.tanh(z / softcap) * softcap
-    bh = beta.to(z.dtype).view(1, h, 1, 1)
+    bh = per_head(beta, z)  # (1|B, H, 1, 1)
     z = z * bh
     lowest = torch.finfo(z.dtype).min
     if mask.mask is None:
@@ -97,7 +103,9 @@ def attention_with_beta(
     beta: torch.Tensor,
     **kwargs,
 ):
-    """One attention call with head h's logits multiplied by ``beta[h]`` (beta: (H,)).
+    """One attention call with head h's logits multiplied by ``beta[h]`` (beta: (H,), or (B, H)
+    for a beta per batch row: the lockstep evaluations put each search's replica of the windows
+    along the batch).
 
     ``delegate`` is the model's own attention function; it runs the call (with beta folded into
     the query) unless softcapping or a sink makes the logits non-linear in the query.
@@ -106,7 +114,7 @@ def attention_with_beta(
     softcap = kwargs.get("softcap")
     sink = kwargs.get("s_aux")
     if softcap is None and sink is None:
-        q = query * beta.to(query.dtype).view(1, -1, 1, 1)  # (B, H, Tq, D)
+        q = query * per_head(beta, query)  # (B, H, Tq, D)
         out = delegate(module, q, key, value, attention_mask, **kwargs)
         return out[0], None
     scaling = kwargs.get("scaling")

@@ -42,6 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import vocab
+from .lockstep import run_lockstep
 from .search import FirstPart, SearchResult, minimize_log_beta, quadratic_estimate, screened_search
 from .tempered import Tempered, cached_below, decoder_layers, outer_blocks, recording, tempered
 
@@ -82,6 +83,24 @@ def _ce_sum(logits: torch.Tensor, tgt: torch.Tensor, scale: float = 1.0) -> torc
         ce = torch.nn.functional.cross_entropy(z, tgt[b], ignore_index=-100, reduction="none")
         total = total + ce.to(torch.float64).sum()
     return total
+
+
+def _ce_rows(logits: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    """Per-sequence sums of the next-token cross-entropy, float64 accumulation: (B,)."""
+    z = logits[:, :-1]
+    z = z.float() if z.dtype in (torch.float16, torch.bfloat16) else z  # (B, T-1, V)
+    ce = torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), tgt.reshape(-1),
+                                           ignore_index=-100, reduction="none")
+    return ce.view(tgt.shape).to(torch.float64).sum(1)
+
+
+def _replicated(out, r: int):
+    """A block's cached output with its batch repeated r times (tensors in tuples too)."""
+    if isinstance(out, torch.Tensor):
+        return out.repeat(r, *([1] * (out.dim() - 1)))
+    if type(out) in (tuple, list):
+        return type(out)(_replicated(o, r) for o in out)
+    return out
 
 
 def _lm_closed_form(logits: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> tuple[float, float]:
@@ -267,26 +286,50 @@ class _Runner:
         return total
 
     @torch.no_grad()
+    def replica_part_sums(self, layer: int, betas: torch.Tensor, part: int) -> list[float]:
+        """Part ``part``'s loss sums for R settings of layer ``layer``'s betas at once: betas
+        (R, H), the part's windows replicated R times along the batch (replica r takes rows r *
+        b .. (r + 1) * b - 1), layers below ``layer`` answered from the cache. One host copy."""
+        r = betas.shape[0]
+        totals = torch.zeros(r, dtype=torch.float64, device=betas.device)
+        try:
+            for b in self.parts[part]:
+                ids, mask, pos = self.batches[b]
+                n = ids.shape[0]
+                rep = [None if t is None else t.repeat(r, *([1] * (t.dim() - 1))) for t in (ids, mask, pos)]
+                self.state.betas = {layer: betas.repeat_interleave(n, 0)}  # (R * b, H)
+                if self.layers is not None and layer > 0:
+                    below = _replicated(self.outputs[b][layer - 1], r)  # the input of ``layer``
+                    with cached_below(self.layers, [below] * layer, layer):
+                        logits = self._forward(*rep)
+                else:
+                    logits = self._forward(*rep)
+                totals += _ce_rows(logits, self.targets[b].repeat(r, 1)).view(r, n).sum(1)
+        finally:
+            self.state.betas = {}
+        return totals.tolist()
+
+    @torch.no_grad()
     def lm_loss(self, x: float) -> float:
         scale = float(torch.exp(torch.tensor(x, dtype=torch.float64)))
         return sum(sum(_ce_sum(self.logits[b], self.targets[b], scale).item() for b in part)
                    for part in self.parts) / self.n_tokens
 
-    def first_part(self, betas: Callable[[float], dict[int, torch.Tensor]], start: int,
+    def first_part(self, part_sum: Callable[[float, int], float],
                    slope0: float) -> tuple[Callable[[float], float], FirstPart | None]:
-        """The loss over all windows at x (``betas(x)``, layers ``start``..), and the screen's
-        look at the first part (None with one part); ``slope0`` is the first part's slope sum.
-        The full loss at an x the first part has seen reuses that part's sum."""
+        """The loss over all windows at x, and the screen's look at the first part (None with
+        one part); ``part_sum(x, k)`` is part k's loss sum at x, ``slope0`` the first part's
+        slope sum. The full loss at an x the first part has seen reuses that part's sum."""
         sums: dict[float, float] = {}
 
         def part(x: float) -> float:
-            sums[x] = self.part_sum(betas(x), start, 0)
+            sums[x] = part_sum(x, 0)
             return sums[x] / self.part_tokens[0]
 
         def full(x: float) -> float:
             if x not in sums:
-                return self.loss(betas(x), start)
-            rest = sum(self.part_sum(betas(x), start, k) for k in range(1, len(self.parts)))
+                return sum(part_sum(x, k) for k in range(len(self.parts))) / self.n_tokens
+            rest = sum(part_sum(x, k) for k in range(1, len(self.parts)))
             return (sums.pop(x) + rest) / self.n_tokens
 
         if len(self.parts) < 2 or min(self.part_tokens) == 0:
@@ -317,10 +360,14 @@ def attribute(
     heads: str = "screen",
     progress: bool = False,
     desc: str = "attribution",
+    lockstep: bool | None = None,
 ) -> pd.DataFrame:
     """Attribution metrics of every site over ``batches`` (tidy: site_kind, layer, head, metric,
     value, n_rows; n_rows = next-token targets). ``heads``: "screen", "estimate", "search" or "off" (see
-    the module doc). The model is unchanged afterwards."""
+    the module doc). ``lockstep``: a layer's head searches advance together, each round one
+    batched forward (``lockstep``); None: on a GPU, where small forwards leave it waiting on
+    launches (on CPU a head's evaluation recomputes that head alone, which is cheaper). The
+    model is unchanged afterwards."""
     if heads not in HEAD_MODES:
         raise vocab.PeakprobeError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
     was_training = model.training
@@ -330,13 +377,48 @@ def attribute(
             run = _Runner(state, batches)
             grads = run.gradients()
             run.base()
-            return _attribution_rows(run, grads, heads=heads, progress=progress, desc=desc)
+            if lockstep is None:
+                lockstep = run.logits[0].is_cuda
+            return _attribution_rows(run, grads, heads=heads, progress=progress, desc=desc,
+                                     lockstep=lockstep)
     finally:
         model.train(was_training)
 
 
+def _head_results(run: _Runner, layer: int, g: torch.Tensor, heads: str, f0: float, ftol: float,
+                  like: torch.Tensor, lockstep: bool) -> list[SearchResult]:
+    """Every head's search of layer ``layer`` (``heads``: "search", "screen" or "estimate"),
+    one after the other, or in lockstep (``lockstep``): each round of their evaluations one
+    batched forward with a beta per (replica, head)."""
+    n_h = len(g)
+    k_parts = len(run.parts)
+
+    def search(head: int, part_sum: Callable[[float, int], float]) -> SearchResult:
+        def f(x: float) -> float:
+            return sum(part_sum(x, k) for k in range(k_parts)) / run.n_tokens
+        slope = float(g[head])
+        if heads == "search":
+            return minimize_log_beta(f, f0, slope, ftol=ftol, max_evals=GROUP_EVALS)
+        if heads == "screen":
+            g_first = run.part_grads[0].get(layer) if run.part_grads else None
+            full, first = run.first_part(part_sum, 0.0 if g_first is None else float(g_first[head]))
+            return screened_search(full, f0, slope, floor=vocab.HEAD_GAIN_FLOOR * abs(f0), ftol=ftol,
+                                   max_evals=GROUP_EVALS, first=first)
+        return quadratic_estimate(f, f0, slope)
+
+    if not lockstep:
+        return [search(head, lambda x, k, head=head: run.part_sum(
+            {layer: _beta_vector(n_h, x, head, like)}, layer, k)) for head in range(n_h)]
+
+    def evaluate(part: int, requests) -> list[float]:
+        rows = torch.stack([_beta_vector(n_h, x, head, like) for head, x in requests])  # (R, H)
+        return run.replica_part_sums(layer, rows, part)
+
+    return run_lockstep(range(n_h), search, evaluate)
+
+
 def _attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: str, progress: bool,
-                      desc: str) -> pd.DataFrame:
+                      desc: str, lockstep: bool = False) -> pd.DataFrame:
     n, f0 = run.n_tokens, run.loss0
     layers = sorted(grads)
     like = run.logits[0]
@@ -354,23 +436,10 @@ def _attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: st
     for layer in layers:
         g = grads[layer]
         n_h = len(g)
-        for head in range(n_h) if heads != "off" else ():
-            def f(x, layer=layer, head=head, n_h=n_h):
-                return run.loss({layer: _beta_vector(n_h, x, head, like)}, layer)
-            slope = float(g[head])
-            if heads == "search":
-                r = minimize_log_beta(f, f0, slope, ftol=ftol, max_evals=GROUP_EVALS)
-            elif heads == "screen":
-                def betas(x, layer=layer, head=head, n_h=n_h):
-                    return {layer: _beta_vector(n_h, x, head, like)}
-                g_first = run.part_grads[0].get(layer) if run.part_grads else None
-                full, first = run.first_part(betas, layer, 0.0 if g_first is None else float(g_first[head]))
-                r = screened_search(full, f0, slope, floor=vocab.HEAD_GAIN_FLOOR * abs(f0), ftol=ftol,
-                                    max_evals=GROUP_EVALS, first=first)
-            else:
-                r = quadratic_estimate(f, f0, slope)
-            rows += _rows(vocab.ATTN, layer, head, r, n)
-            bar.update(1)
+        if heads != "off":
+            for head, r in enumerate(_head_results(run, layer, g, heads, f0, ftol, like, lockstep)):
+                rows += _rows(vocab.ATTN, layer, head, r, n)
+            bar.update(n_h)
         if heads == "off":
             rows += [(vocab.ATTN, layer, h, vocab.SENSITIVITY, float(v), n) for h, v in enumerate(g.tolist())]
 

@@ -51,7 +51,7 @@ class Tempered:
         head's output computed again (B, T, H, D), or None (no cache, or the one-head calls do
         not reproduce it bit for bit at beta = 1; checked once a layer, for every head)."""
         cached = self.cached.get(layer)
-        if cached is None:
+        if cached is None or beta.dim() != 1:
             return None
         changed = torch.nonzero(beta != 1)
         if changed.numel() != 1:

@@ -177,6 +177,21 @@ def _bracket_steps() -> int:
     return _STEPS
 
 
+_ON_DEVICE: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def on_device(name: str, device: torch.device | str) -> torch.Tensor:
+    """A table (``ln_grid``, ``b_grid``, ``h``: ``curve_table``; ``lo``, ``hi``: ``_brackets``)
+    on ``device``, copied there once and cached: no host-to-device copy per call."""
+    key = (name, torch.device(device))
+    if key not in _ON_DEVICE:
+        ln_grid, b_grid, h = curve_table()
+        lo, hi = _brackets()
+        table = {"ln_grid": ln_grid, "b_grid": b_grid, "h": h, "lo": lo, "hi": hi}[name]
+        _ON_DEVICE[key] = table.to(device)
+    return _ON_DEVICE[key]
+
+
 def load_tables() -> None:
     """Build every cached table ``beta_eff`` reads (before a ``torch.compile`` trace of it)."""
     curve_table()
@@ -185,8 +200,7 @@ def load_tables() -> None:
 
 def _curves_at(log_n: torch.Tensor) -> torch.Tensor:
     """The normalised curve h(b) at each log n, linear in log n between grid rows: (..., Nb)."""
-    ln_grid, _, h = curve_table()
-    ln_grid, h = ln_grid.to(log_n.device), h.to(log_n.device)
+    ln_grid, h = on_device("ln_grid", log_n.device), on_device("h", log_n.device)
     x = log_n.clamp(ln_grid[0], ln_grid[-1])
     i = torch.searchsorted(ln_grid, x.contiguous(), right=True).clamp(1, len(ln_grid) - 1)
     w = ((x - ln_grid[i - 1]) / (ln_grid[i] - ln_grid[i - 1])).unsqueeze(-1)
@@ -197,10 +211,11 @@ def expected_entropy(beta: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """The tabulated E[H] of softmax(beta x), x ~ N(0, I_n), per element (n >= 2)."""
     n = n.to(torch.float64)
     log_n = n.log()
-    _, b_grid, _ = curve_table()
-    b_grid = b_grid.to(n.device)
+    b_grid = on_device("b_grid", n.device)
     curves = _curves_at(log_n)  # (..., Nb)
-    b = (beta.to(torch.float64) / vocab.peaked_threshold(n)).clamp(0, b_grid[-1].item())
+    from ._entropy_curve import B_GRID  # a Python float: no read of a device tensor
+
+    b = (beta.to(torch.float64) / vocab.peaked_threshold(n)).clamp(0, float(B_GRID[-1]))
     j = torch.searchsorted(b_grid, b.unsqueeze(-1).contiguous(), right=True).clamp(1, len(b_grid) - 1)
     lo, hi = curves.gather(-1, j - 1), curves.gather(-1, j)
     t = (b.unsqueeze(-1) - b_grid[j - 1]) / (b_grid[j] - b_grid[j - 1])
@@ -300,9 +315,8 @@ def beta_eff(entropy: torch.Tensor, n: torch.Tensor | Counts) -> torch.Tensor:
     entropy, n = torch.broadcast_tensors(entropy.to(torch.float64), n.to(torch.float64))
     n = n.clamp(min=2)
     log_n = n.log()
-    ln_grid, b_grid, table = curve_table()
-    ln_grid, b_grid = ln_grid.to(n.device), b_grid.to(n.device)
-    flat = table.to(n.device).reshape(-1)
+    ln_grid, b_grid = on_device("ln_grid", n.device), on_device("b_grid", n.device)
+    flat = on_device("h", n.device).reshape(-1)
     nb = b_grid.numel()
     x = log_n.clamp(ln_grid[0], ln_grid[-1])
     i = torch.searchsorted(ln_grid, x.contiguous(), right=True, out_int32=True)
@@ -322,7 +336,7 @@ def beta_eff(entropy: torch.Tensor, n: torch.Tensor | Counts) -> torch.Tensor:
 
     h = entropy / log_n
     # The knot lies in the bracket of the row's (interval, cell of h); a short search inside.
-    lo_tab, hi_tab = (t.to(n.device) for t in _brackets())
+    lo_tab, hi_tab = on_device("lo", n.device), on_device("hi", n.device)
     cell = (h * _CELLS).nan_to_num_(0.0).clamp_(0, _CELLS - 1).to(torch.int32)
     at = (i - 1) * _CELLS + cell
     lo, hi = take(lo_tab, at), take(hi_tab, at)
@@ -349,12 +363,11 @@ def _beta_eff_tabled(entropy: torch.Tensor, c: Counts) -> torch.Tensor:
     comparison per step; an overshoot lands on a -inf pad or a lower curve value)."""
     t = c.tables
     assert t is not None and c.index is not None
-    _, b_grid, _ = curve_table()
-    b_grid = b_grid.to(entropy.device)
+    b_grid = on_device("b_grid", entropy.device)
     nb = b_grid.numel()
     k = c.index
     h = entropy / c.log_n
-    lo_tab = _brackets()[0].to(entropy.device)
+    lo_tab = on_device("lo", entropy.device)
     cell = (h * _CELLS).nan_to_num_(0.0).clamp_(0, _CELLS - 1).to(torch.int64)
     at = _take(t.cell_base, k) + cell
     pos = _take(lo_tab, at) + k * t.stride  # the bracket's low knot, in ``t.curves``
