@@ -1,30 +1,34 @@
-"""GPU benchmark of the probes: probed forward vs plain sdpa, tokens/s and peak memory.
+"""GPU benchmark of the probes: probed forward vs plain sdpa, tokens/s and peak memory, and one
+layer's attention: sdpa vs the fused kernel vs the torch path.
 
 Random-init GPT-NeoX models of Pythia shapes (``PYTHIA_SHAPES``), bf16, batch 8 x 2048,
 forward only, no padding. The modes per shape, measured in the same run:
 
 * ``sdpa``          the plain model (transformers' sdpa attention), no peakprobe;
-* ``probed``        under ``attach`` with the defaults (``backend="auto"``: the torch path,
-  query-row and LM-head blocks sized on the GPU by ``hooks.interface.GPU_BLOCK_ELEMENTS``);
-* ``probed_triton`` ``backend="triton"`` (the kernel for the base metrics, the torch path for
-  the rest), default blocks;
+* ``probed``        under ``attach`` with the defaults (``backend="auto"``: on CUDA the fused
+  Triton kernel, ``triton_kernel.kernel_site_sums``, one launch per attention layer);
+* ``probed_torch``  ``backend="torch"``, the torch path with its default GPU blocks
+  (``hooks.engine.GPU_BLOCK_ELEMENTS``);
 * ``torch_cN``      the torch path with N query rows per block (``--chunks``);
-* ``probed_2^E``    the defaults with a GPU block budget of 2^E elements (``--gpu-blocks``).
+* ``probed_2^E``    the torch path with a GPU block budget of 2^E elements (``--gpu-blocks``).
 
 Probed modes call the model directly (attention statistics + LM-head statistics, lm_chunk
 token positions per LM-head block), not ``run_batch`` (its loss would add a float32 copy of the
 logits). Prints a table with ratios against sdpa (targets: probed >= 0.6x sdpa tokens/s, peak
-memory within 10%), the largest relative difference between the kernel's and the default's
-attention statistics, and an attention-only comparison: one layer's ``scaled_dot_product_attention``
-against the kernel and the torch path on the same q/k. ``--sweep`` also times the kernel
-under several launch configurations. ``--json`` writes everything.
+memory within 10%), the largest relative difference between the kernel's and the torch path's
+attention statistics (``probed`` vs ``probed_torch``), and per layer (``attention_ms``): one
+layer's causal ``scaled_dot_product_attention`` against the kernel and the torch path on the
+same q/k (the kernel's time includes its host-side work and the per-head float64 sums).
+``--sweep`` also times the kernel under several launch configurations. ``--json`` writes
+everything.
 
     python benchmarks/gpu.py --json out.json             # H200: both shapes, ~2 minutes
+    python benchmarks/gpu.py --kernel-only               # per-layer attention timings only
     python benchmarks/gpu.py --smoke                     # CPU: tiny shapes, checks it runs
     TRITON_INTERPRET=1 python benchmarks/gpu.py --smoke --sweep   # CPU, kernel interpreted
 
-On CPU the ``probed`` mode and the kernel timings exist only under ``TRITON_INTERPRET=1``
-(interpreted, so their speed means nothing there).
+On CPU the kernel runs only under ``TRITON_INTERPRET=1`` (interpreted, so its speed means
+nothing there) and ``probed`` takes the torch path.
 """
 
 from __future__ import annotations
@@ -42,8 +46,7 @@ import transformers
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
 from peakprobe.checkpoints_index import PYTHIA_SHAPES, ModelShape
-from peakprobe.hooks import ProbeConfig, attach, interface
-from peakprobe.hooks.interface import block_rows
+from peakprobe.hooks import ProbeConfig, attach, engine
 from peakprobe.probes import MaskSpec, attention_head_sums
 
 try:
@@ -109,7 +112,8 @@ def measure(
 
 def model_modes(model, ids, lm_chunk: int, chunks: list[int], blocks: list[int], device,
                 warmup: int, iters: int, progress: bool):
-    """Time the modes on one model; return (rows, max relative attention-stat diff)."""
+    """Time the modes on one model; return (rows, max relative attention-stat diff of the
+    kernel against the torch path, or None when the kernel did not run)."""
     n_tok = ids.numel()
     rows, frames = [], {}
 
@@ -117,12 +121,11 @@ def model_modes(model, ids, lm_chunk: int, chunks: list[int], blocks: list[int],
         with torch.no_grad():
             model(input_ids=ids, use_cache=False)
 
-    modes = [("sdpa", None, None, None), ("probed", "auto", None, None)]
-    if kernel_runs(device):
-        modes.append(("probed_triton", "triton", None, None))
+    modes = [("sdpa", None, None, None), ("probed", "auto", None, None),
+             ("probed_torch", "torch", None, None)]  # fmt: skip
     modes += [(f"torch_c{c}", "torch", c, None) for c in chunks]
-    modes += [(f"probed_2^{e}", "auto", None, e) for e in blocks]
-    default_block = interface.GPU_BLOCK_ELEMENTS
+    modes += [(f"probed_2^{e}", "torch", None, e) for e in blocks]
+    default_block = engine.GPU_BLOCK_ELEMENTS
     for name, backend, chunk, block in modes:
         if progress:
             print(f"  {name} ...", file=sys.stderr, flush=True)
@@ -130,13 +133,13 @@ def model_modes(model, ids, lm_chunk: int, chunks: list[int], blocks: list[int],
             sec, peak = measure(plain, device, warmup, iters)
         else:
             cfg = ProbeConfig(backend=backend, lm_chunk=lm_chunk, chunk=chunk)
-            interface.GPU_BLOCK_ELEMENTS = default_block if block is None else 1 << block
+            engine.GPU_BLOCK_ELEMENTS = default_block if block is None else 1 << block
             try:
                 with attach(model, cfg) as probe:
                     sec, peak = measure(plain, device, warmup, iters)
                     df = probe.to_frame()
             finally:
-                interface.GPU_BLOCK_ELEMENTS = default_block
+                engine.GPU_BLOCK_ELEMENTS = default_block
             frames[name] = df[df.site_kind == "attn"].reset_index(drop=True)
         rows.append({"mode": name, "tokens_per_s": n_tok / sec, "ms_per_forward": 1e3 * sec,
                      "peak_gib": peak})  # fmt: skip
@@ -147,24 +150,34 @@ def model_modes(model, ids, lm_chunk: int, chunks: list[int], blocks: list[int],
             row["peak_gib"] / base["peak_gib"] if row["peak_gib"] and base["peak_gib"] else None
         )
     diff = None
-    if "probed_triton" in frames:
-        a, b = frames["probed_triton"]["value"], frames["probed"]["value"]
+    if kernel_runs(device) and device.type == "cuda":  # "auto" took the kernel
+        a, b = frames["probed"]["value"], frames["probed_torch"]["value"]
         diff = float(((a - b).abs() / b.abs().clip(lower=1e-12)).max())
     return rows, diff
 
 
+def causal_ranges(seq: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start, end) int32 (1, T): causal rows, row t sees keys 0..t."""
+    end = torch.arange(1, seq + 1, dtype=torch.int32, device=device).view(1, seq)
+    return torch.zeros_like(end), end
+
+
 def attention_only(shape: ModelShape, batch: int, seq: int, dtype, device, warmup, iters):
-    """One layer's attention on random q/k/v: sdpa vs the kernel vs the torch path (ms)."""
+    """Per layer, on random q/k/v: causal sdpa vs the kernel vs the torch path (ms per call)."""
     g = torch.Generator(device=device).manual_seed(0)
     h, d = shape.n_heads, shape.head_dim
     q, k, v = (torch.randn(batch, h, seq, d, generator=g, device=device, dtype=dtype)
                for _ in range(3))  # fmt: skip
-    kw = dict(scaling=d**-0.5, mask=MaskSpec())
+    start, end = causal_ranges(seq, device)
     fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
     if kernel_runs(device):
-        fns["kernel"] = lambda: triton_kernel.attention_head_sums_triton(q, k, **kw)
-    rows = block_rows(None, q, k)
-    fns[f"torch_path (blocks of {rows} rows)"] = lambda: attention_head_sums(q, k, chunk=rows, **kw)
+        fns["kernel"] = lambda: triton_kernel.kernel_site_sums(
+            q, k, scaling=d**-0.5, start=start, end=end
+        )
+    rows = engine.block_rows(None, q, k)
+    fns[f"torch_path (blocks of {rows} rows)"] = lambda: attention_head_sums(
+        q, k, scaling=d**-0.5, mask=MaskSpec(), chunk=rows
+    )
     out = {}
     for name, fn in fns.items():
         out[name] = 1e3 * measure(fn, device, warmup, iters)[0]
@@ -172,21 +185,27 @@ def attention_only(shape: ModelShape, batch: int, seq: int, dtype, device, warmu
 
 
 def sweep(shape: ModelShape, batch: int, seq: int, dtype, device, iters: int) -> list[dict]:
-    """Kernel-only ms per call under several launch configurations."""
+    """Kernel-only ms per call (one layer, causal) under several launch configurations; the
+    first is the default launch of this dtype and head dim."""
     g = torch.Generator(device=device).manual_seed(0)
     h, d = shape.n_heads, shape.head_dim
     q, k = (
         torch.randn(batch, h, seq, d, generator=g, device=device, dtype=dtype) for _ in range(2)
     )
+    start, end = causal_ranges(seq, device)
+    default = triton_kernel.launch_config(dtype, d)
+    grid = [default] + [
+        triton_kernel.LaunchConfig(*c)
+        for c in [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3),
+                  (64, 32, 4, 3), (128, 128, 8, 2)]  # fmt: skip
+        if triton_kernel.LaunchConfig(*c) != default
+    ]
     results = []
-    # (block_m = chunk, block_n, warps, stages); the first is the default launch
-    grid = [(64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2), (64, 64, 8, 3)]
     try:
-        for chunk, block_n, warps, stages in grid:
-            cfg = triton_kernel.LaunchConfig(block_n=block_n, num_warps=warps, num_stages=stages)
+        for cfg in grid:
             triton_kernel.set_launch_config(cfg)
-            fn = lambda chunk=chunk: triton_kernel.attention_head_sums_triton(  # noqa: E731
-                q, k, scaling=d**-0.5, mask=MaskSpec(), chunk=chunk
+            fn = lambda: triton_kernel.kernel_site_sums(  # noqa: E731
+                q, k, scaling=d**-0.5, start=start, end=end
             )
             try:
                 ms = 1e3 * measure(fn, device, 1, iters)[0]
@@ -194,8 +213,9 @@ def sweep(shape: ModelShape, batch: int, seq: int, dtype, device, iters: int) ->
                 ms, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
             else:
                 err = None
-            results.append({"block_m": chunk, "block_n": block_n, "num_warps": warps,
-                            "num_stages": stages, "ms": ms, "error": err})  # fmt: skip
+            results.append({"block_m": cfg.block_m, "block_n": cfg.block_n,
+                            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                            "ms": ms, "error": err})  # fmt: skip
     finally:
         triton_kernel.set_launch_config(None)
     return results
@@ -213,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", default="64,512,1024",
                         help="query rows per block of the torch_cN modes, comma-separated ('' none)")
     parser.add_argument("--gpu-blocks", default="",
-                        help="probed_2^E modes: the defaults with GPU_BLOCK_ELEMENTS = 2^E, comma-separated")
+                        help="probed_2^E modes: the torch path with GPU_BLOCK_ELEMENTS = 2^E, comma-separated")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, runs on CPU")
@@ -221,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kernel-only",
         action="store_true",
-        help="skip the model forwards: attention timings (and --sweep) only",
+        help="skip the model forwards: per-layer attention timings (and --sweep) only",
     )
     parser.add_argument("--json", default=None, help="write the results to this path")
     parser.add_argument("--no-progress", action="store_true")
@@ -272,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        entry = {"shape": vars(shape), "modes": rows, "max_rel_diff_kernel_vs_default": diff,
+        entry = {"shape": vars(shape), "modes": rows, "max_rel_diff_kernel_vs_torch": diff,
                  "attention_ms": attention_only(shape, batch, seq, dtype, device, warmup, iters)}  # fmt: skip
         probed = next((r for r in rows if r["mode"] == "probed"), None)
         if probed is not None and device.type == "cuda":
@@ -301,11 +321,14 @@ def print_table(report: dict) -> None:
             mem = f"{r['memory_vs_sdpa']:.2f}" if r["memory_vs_sdpa"] is not None else "-"
             print(f"{size:<8} {r['mode']:<14} {r['tokens_per_s']:>11,.0f} "
                   f"{r['speed_vs_sdpa']:>7.2f} {peak:>9} {mem:>6}")  # fmt: skip
-        att = "  ".join(f"{k} {v:.2f} ms" for k, v in entry["attention_ms"].items())
-        print(f"{'':<8} one layer's attention: {att}")
-        if entry["max_rel_diff_kernel_vs_default"] is not None:
-            print(f"{'':<8} max rel diff of attention stats, kernel vs default: "
-                  f"{entry['max_rel_diff_kernel_vs_default']:.2e}")  # fmt: skip
+        att = entry["attention_ms"]
+        sdpa = att.get("sdpa")
+        parts = [f"{k} {v:.3f} ms" + (f" ({v / sdpa:.2f}x sdpa)" if sdpa and k != "sdpa" else "")
+                 for k, v in att.items()]  # fmt: skip
+        print(f"{'':<8} per layer: {'  '.join(parts)}")
+        if entry["max_rel_diff_kernel_vs_torch"] is not None:
+            print(f"{'':<8} max rel diff of attention stats, kernel vs torch path: "
+                  f"{entry['max_rel_diff_kernel_vs_torch']:.2e}")  # fmt: skip
         if "meets_targets" in entry:
             print(f"{'':<8} targets (>= {TARGET_SPEED}x sdpa, memory <= {TARGET_MEMORY}x): "
                   f"{'met' if entry['meets_targets'] else 'NOT met'}")  # fmt: skip

@@ -1,12 +1,14 @@
-"""Live probing during training: a framework-free :class:`Monitor` and an HF Trainer callback.
+"""Live probing during training: a framework-free :class:`Monitor`, an HF Trainer callback,
+and ``probe_sdpa`` for any PyTorch model whose attention calls F.scaled_dot_product_attention.
 
-Both write the run directory a sweep writes (``checkpoints/step<N>.parquet`` + manifest), so
+The Monitor and the callback write the run directory a sweep writes (``checkpoints/step<N>.parquet`` + manifest), so
 ``peakprobe fit`` / ``peakprobe report`` work on a run still in progress (docs/monitor.md).
 ``PeakprobeCallback`` is imported on first use, so the Monitor does not load the Trainer.
 """
 
 from __future__ import annotations
 
+from ..hooks.sdpa import probe_sdpa
 from .monitor import (
     Monitor,
     MonitorError,
@@ -26,6 +28,7 @@ __all__ = [
     "live_config",
     "planned_steps",
     "live_scalars",
+    "probe_sdpa",
     "training_state_preserved",
 ]
 

@@ -9,7 +9,7 @@ path, so the numbers, columns and metric set are the sweep's) and ``manifest.jso
 subset of the planned steps, ``vocab.MONITOR_ATTRIBUTION_POINTS`` by default (the last one always;
 ``attribution_points=None``: at every probe), on ``vocab.MONITOR_ATTRIBUTION_WINDOWS`` windows
 unless a config says otherwise (``live_config``); the manifest lists them under
-``probe.attribution.steps`` and the other parquets hold the statistics alone, so the gain fits
+``attribution.steps`` and the other parquets hold the statistics alone, so the gain fits
 use those steps. ``peakprobe fit`` and ``peakprobe report`` therefore work on a run
 that is still training.
 

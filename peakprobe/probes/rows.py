@@ -277,6 +277,12 @@ def _fast_sums(x: torch.Tensor, valid: torch.Tensor | None, weigh, work: Workspa
     return sums if weigh is None else (sums, weighed)
 
 
+def host_shortcuts(device: torch.device) -> bool:
+    """Whether a value may be read on the host to skip work: on CPU a read is free, on a GPU it
+    stalls the host until the device catches up (the GPU path never reads)."""
+    return device.type == "cpu"
+
+
 def _softmax_stats(p: Sums) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(entropy, max_prob, log-sum-exp) of the softmax over a part's options."""
     s = p.s.clamp(min=1e-300)
@@ -385,7 +391,7 @@ def finish(
         w = weight[name]
         if id(w) not in keep:
             k = w > 0
-            keep[id(w)] = None if k.device.type == "cpu" and bool(k.all()) else k
+            keep[id(w)] = None if host_shortcuts(k.device) and bool(k.all()) else k
         if keep[id(w)] is not None:
             values[name] = torch.where(keep[id(w)], v, zero)
     return RowStats(values=values, weight=weight)

@@ -1,0 +1,352 @@
+"""The Triton kernel source of the per-site attention statistics (``triton_kernel`` launches it).
+
+One program per (batch, head, block of BLOCK_M query rows). Row r sees the keys
+[start_r, end_r); its first visible key start_r is kept apart (its logit ``f`` comes from one
+dot product per row before the key loop), so the loop reduces the keys (start_r, end_r) only.
+Logits are taken relative to ``f`` (d = z - f): the online sums then hold differences of
+comparable logits and stay accurate in float32 when |z| >> their spread. Per key tile
+(BLOCK_N keys, ``tl.dot`` with float32 accumulation) each row folds in:
+
+* its max ``m`` (the online softmax's), ``se = sum 2^x`` and ``sx = sum 2^x x`` with
+  x = (d - m) scaling log2(e), rescaled when ``m`` grows: five row reductions per tile in all
+  (max, sum 2^x, sum 2^x x, sum d, sum (d - tile mean)^2);
+* count, mean and centred sum of squares, merged tile by tile (Chan et al.): std and
+  max - mean stay accurate when |mean| >> std;
+* the second largest logit (a tied maximum counts twice, as ``topk``): a running top two per
+  pair of tile columns (elementwise max / min, no reduction), combined across them at the end.
+
+Programs of the heads that share a key head are adjacent in the grid (their key tiles meet in
+L2), and the query blocks with the longest key ranges start first.
+
+Tiles inside every kept row's range take the unmasked path; the block's boundary tiles are
+masked by index; tiles before the smallest start + 1 or from the largest end on are never
+visited. The epilogue merges ``f`` and a learned sink logit into the sums as ``sums.merge_one``
+does, derives every statistic of ``rows.finish`` per row in float32 (``beta_eff`` by the
+branch-free bracketed search of ``gaussian_entropy._beta_eff_tabled``, on float32 copies of its
+per-n tables), and writes per program the sums and counts of its kept rows, their largest
+logit, and adds their histogram bins of entropy and max_prob to a per-head int32 histogram
+(atomic adds: integer, so exact and order-free).
+
+Column order of the per-program record (``triton_kernel`` checks it against ``rows``): the
+``VALUES`` sums, then their counts, then the largest logit.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: the per-row statistics the kernel writes, in this order (= ``rows.attn_metric_names(True)``)
+VALUES: tuple[str, ...] = (
+    "entropy", "entropy_norm", "max_prob", "logit_std", "logit_max_minus_mean", "logit_top_gap",
+    "peaked", "first_key_prob", "beta_eff", "peaked_entropy", "entropy_xsink", "max_prob_xsink",
+    "logit_std_xsink", "peaked_xsink", "beta_eff_xsink", "peaked_entropy_xsink",
+    "logit_row_max", "sink_prob",
+)  # fmt: skip
+N_VALUES = len(VALUES)
+N_VALUES_C: tl.constexpr = tl.constexpr(N_VALUES)
+#: per program: N_VALUES sums, N_VALUES counts, the largest logit
+RECORD = 2 * N_VALUES + 1
+MAX_COL = 2 * N_VALUES
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from exp (core triton has none): odd, a Taylor series near 0 (no cancellation)."""
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    th = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    series = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+    th = tl.where(ax < 0.2, series, th)
+    return tl.where(x < 0, -th, th)
+
+
+@triton.jit
+def _beta_eff(entropy, n, curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr, size, stride, nb,
+              CELLS: tl.constexpr, STEPS: tl.constexpr):  # fmt: skip
+    """``gaussian_entropy._beta_eff_tabled`` per row (float32): the bracket of the row's
+    (n, cell of h), a branch-free search of STEPS steps (an overshoot lands on a -inf pad or a
+    lower curve value), then the root of the linear piece. Rows with n < 2 give garbage that
+    their weight drops; every index stays inside the tables."""
+    log_n = tl.log(tl.maximum(n, 2.0))
+    h = entropy / log_n
+    k = tl.minimum(tl.maximum(n, 0.0), size * 1.0).to(tl.int32)
+    hc = tl.where(h == h, h * CELLS, 0.0)  # NaN -> cell 0, as nan_to_num
+    cell = tl.minimum(tl.maximum(hc, 0.0), CELLS - 1.0).to(tl.int32)
+    row = k * stride
+    pos = tl.load(lo_ptr + tl.load(cell_base_ptr + k) + cell) + row
+    for i in tl.static_range(STEPS):
+        cand = pos + (1 << (STEPS - 1 - i))
+        pos = tl.where(tl.load(curves_ptr + cand) >= h, cand, pos)
+    j = tl.minimum(pos - row, nb - 2)
+    c0 = tl.load(curves_ptr + row + j)
+    c1 = tl.load(curves_ptr + row + j + 1)
+    frac = tl.minimum(tl.maximum((c0 - h) / tl.maximum(c0 - c1, 1e-30), 0.0), 1.0)
+    b0 = tl.load(bgrid_ptr + j)
+    b1 = tl.load(bgrid_ptr + j + 1)
+    b = tl.where(h >= 1.0, 0.0, b0 + (b1 - b0) * frac)
+    return b * tl.sqrt(2.0 * log_n)
+
+
+@triton.jit
+def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, mu, M2, T1, T2,
+          Tk, D, skt, skd, scaling, softcap, c,
+          MASKED: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
+          DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Fold keys n0 .. n0 + BLOCK_N into each row's online sums. MASKED: only keys in
+    (st, en) count (the first visible key st is kept apart); else every key of the tile is
+    visible to every kept row (rows not kept accumulate what they like: their weight is 0)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)  # (N,)
+    k_ptrs = k_base + offs_n[None, :] * skt + offs_d[:, None] * skd  # (Dp, N)
+    if MASKED:
+        kmask = (offs_n < Tk)[None, :]
+        if not EVEN_D:
+            kmask = kmask & (offs_d < D)[:, None]
+        kt = tl.load(k_ptrs, mask=kmask, other=0.0)
+    elif EVEN_D:
+        kt = tl.load(k_ptrs)
+    else:
+        kt = tl.load(k_ptrs, mask=(offs_d < D)[:, None], other=0.0)
+    if DOT_FP32:
+        kt = kt.to(tl.float32)
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # (M, N) float32
+    if SOFTCAP:
+        s = softcap * _tanh(s * (scaling / softcap))
+    d = s - f[:, None]  # (M, N) logits relative to the first key's
+    if MASKED:
+        valid = (offs_n[None, :] > st[:, None]) & (offs_n[None, :] < en[:, None])  # (M, N)
+        d = tl.where(valid, d, float("-inf"))
+        nb = tl.maximum(tl.minimum(en, n0 + BLOCK_N) - tl.maximum(st + 1, n0), 0).to(tl.float32)
+    else:
+        nb = BLOCK_N * 1.0
+    # running top two per pair of columns (a free split of the MMA layout, where each thread
+    # holds column pairs): a tie lands in T2, so it counts twice
+    a, b = tl.split(tl.reshape(d, (d.shape[0], BLOCK_N // 2, 2)))  # (M, N/2) each
+    hi2 = tl.maximum(a, b)
+    T2 = tl.maximum(T2, tl.maximum(tl.minimum(a, b), tl.minimum(T1, hi2)))
+    T1 = tl.maximum(T1, hi2)
+    m_new = tl.maximum(m, tl.max(d, 1))  # (M,)
+    if MASKED:
+        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
+    else:
+        m_new_safe = m_new
+    alpha = tl.exp2((m - m_new_safe) * c)  # 0 while the row was empty
+    shift = tl.where(m == float("-inf"), 0.0, (m - m_new_safe) * c)
+    x = d * c - (m_new_safe * c)[:, None]  # (M, N) log2 units, <= 0
+    if MASKED:
+        x = tl.maximum(x, -1e30)  # hidden: p = 0 and p x = 0 (no inf * 0)
+    p = tl.exp2(x)
+    sx = alpha * (sx + shift * se) + tl.sum(p * x, 1)
+    se = alpha * se + tl.sum(p, 1)
+    m = m_new
+    # Chan et al.: the tile's mean and centred sum of squares, merged into the row's
+    if MASKED:
+        dz = tl.where(valid, d, 0.0)
+    else:
+        dz = d
+    mean_b = tl.sum(dz, 1) / tl.maximum(nb, 1.0)
+    e = dz - mean_b[:, None]
+    if MASKED:
+        e = tl.where(valid, e, 0.0)
+    m2_b = tl.sum(e * e, 1)
+    n_new = n + nb
+    w = nb / tl.maximum(n_new, 1.0)
+    delta = mean_b - mu
+    mu = mu + delta * w
+    M2 = M2 + m2_b + delta * delta * n * w
+    return m, se, sx, n_new, mu, M2, T1, T2
+
+
+@triton.jit
+def site_kernel(
+    q_ptr, k_ptr, start_ptr, end_ptr, rowv_ptr, sink_ptr, out_ptr, hist_ptr,
+    curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr,
+    H, G, Tq, Tk, D,
+    sqb, sqh, sqt, sqd,
+    skb, skh, skt, skd,
+    ssb, sst, seb, set_, srb, srt,
+    sib, sih, sit,
+    scaling, softcap, has_sink,
+    hist_lo0, hist_scale0, hist_lo1, hist_scale1,
+    tab_size, tab_stride, tab_nb,
+    SOFTCAP: tl.constexpr,
+    EVEN_D: tl.constexpr,  # D == BLOCK_D: no head-dim mask
+    DOT_FP32: tl.constexpr,  # upcast q, k tiles before the dot (the interpreter's dot needs it)
+    DOT_PRECISION: tl.constexpr,  # float32 operands: "tf32x3" or "ieee"
+    CELLS: tl.constexpr,
+    STEPS: tl.constexpr,
+    BINS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    pid_bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # longest (causal) query blocks first
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    kvh = h // G
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (M,) query rows
+    offs_d = tl.arange(0, BLOCK_D)  # (Dp,)
+    in_q = offs_m < Tq
+    st = tl.load(start_ptr + b * ssb + offs_m * sst, mask=in_q, other=0)
+    en = tl.load(end_ptr + b * seb + offs_m * set_, mask=in_q, other=0)
+    st = tl.maximum(st, 0)
+    en = tl.minimum(en, Tk)
+    rv = tl.load(rowv_ptr + b * srb + offs_m * srt, mask=in_q, other=0)
+    kept = in_q & (rv != 0) & (en > st)  # (M,) rows that count
+
+    if EVEN_D:
+        dmask = offs_d < BLOCK_D
+    else:
+        dmask = offs_d < D
+    q_ptrs = q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd
+    q = tl.load(q_ptrs, mask=in_q[:, None] & dmask[None, :], other=0.0)  # (M, Dp)
+    # the first visible key's logit: one dot product per row
+    k_base = k_ptr + b * skb + kvh * skh
+    first = tl.where(kept, st, 0)
+    kf = tl.load(k_base + first[:, None] * skt + offs_d[None, :] * skd,
+                 mask=kept[:, None] & dmask[None, :], other=0.0)  # (M, Dp)
+    f = tl.sum(q.to(tl.float32) * kf.to(tl.float32), 1)  # (M,)
+    if SOFTCAP:
+        f = softcap * _tanh(f * (scaling / softcap))
+        unit = 1.0  # logits are the softcapped z
+    else:
+        unit = scaling  # logits are raw q.k; z = scaling q.k
+    c = unit * LOG2E  # x = d c: log2 units
+    if DOT_FP32:
+        q = q.to(tl.float32)
+
+    # key tiles: [lo_t, fs) masked, [fs, fe) every kept row sees every key, [fe, hi) masked
+    big = 1 << 30
+    lo = tl.min(tl.where(kept, st + 1, big), 0)
+    hi = tl.max(tl.where(kept, en, 0), 0)
+    full_lo = tl.max(tl.where(kept, st + 1, 0), 0)
+    full_hi = tl.min(tl.where(kept, en, big), 0)
+    lo_t = (lo // BLOCK_N) * BLOCK_N
+    hi_t = tl.cdiv(hi, BLOCK_N) * BLOCK_N
+    fs = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo_t), hi_t)
+    fe = tl.minimum(tl.maximum((full_hi // BLOCK_N) * BLOCK_N, fs), hi_t)
+
+    neg_inf = float("-inf")
+    m = tl.full((BLOCK_M,), neg_inf, tl.float32)  # max of d over the other keys
+    se = tl.zeros((BLOCK_M,), tl.float32)  # sum 2^x, x = (d - m) c
+    sx = tl.zeros((BLOCK_M,), tl.float32)  # sum 2^x x
+    n = tl.zeros((BLOCK_M,), tl.float32)  # other keys
+    mu = tl.zeros((BLOCK_M,), tl.float32)  # their mean d
+    M2 = tl.zeros((BLOCK_M,), tl.float32)  # their centred sum of squares
+    T1 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # largest d per column pair
+    T2 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # second largest per pair
+
+    for n0 in range(lo_t, fs, BLOCK_N):
+        m, se, sx, n, mu, M2, T1, T2 = _tile(
+            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, mu, M2, T1, T2,
+            Tk, D, skt, skd, scaling, softcap, c,
+            True, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
+        )  # fmt: skip
+    for n0 in range(fs, fe, BLOCK_N):
+        m, se, sx, n, mu, M2, T1, T2 = _tile(
+            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, mu, M2, T1, T2,
+            Tk, D, skt, skd, scaling, softcap, c,
+            False, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
+        )  # fmt: skip
+    for n0 in range(fe, hi, BLOCK_N):
+        m, se, sx, n, mu, M2, T1, T2 = _tile(
+            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, mu, M2, T1, T2,
+            Tk, D, skt, skd, scaling, softcap, c,
+            True, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
+        )  # fmt: skip
+
+    # second largest over the columns' top twos (a maximum in two columns counts twice)
+    ties = tl.sum(tl.where(T1 == m[:, None], 1.0, 0.0), 1)
+    other = tl.max(tl.where(T1 < m[:, None], T1, neg_inf), 1)
+    m2 = tl.where(ties >= 2.0, m, tl.maximum(other, tl.max(T2, 1)))
+
+    # -- epilogue, per row, natural units relative to f -----------------------------------
+    nr = n
+    has_r = nr > 0.0
+    mr = m * unit  # -inf without other keys
+    m2r = m2 * unit
+    lr = tl.where(has_r, se, 0.0)
+    ar = tl.where(has_r, sx * LN2, 0.0)  # sum e^(z - max) (z - max)
+    mur = mu * unit
+    M2r = M2 * (unit * unit)
+
+    # the other keys alone (_xsink)
+    lr1 = tl.where(has_r, lr, 1.0)
+    ent_x = tl.log(lr1) - ar / lr1
+    std_x = tl.sqrt(tl.maximum(M2r / tl.maximum(nr, 1.0), 0.0))
+    thr_x = tl.sqrt(2.0 * tl.log(tl.maximum(nr, 1.0)))
+    beta_x = _beta_eff(ent_x, nr, curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr,
+                       tab_size, tab_stride, tab_nb, CELLS, STEPS)  # fmt: skip
+
+    # merged with the first key (d = 0), as sums.merge_one
+    mk = tl.maximum(mr, 0.0)
+    dx = tl.where(has_r, mr - mk, 0.0)
+    ex = tl.exp(dx)
+    ey = tl.exp(-mk)
+    lk = lr * ex + ey
+    ak = ex * (ar + dx * lr) - ey * mk
+    nk = nr + 1.0
+    m2k = tl.maximum(tl.minimum(mr, 0.0), m2r)
+    muk = mur * (nr / nk)
+    M2k = M2r + mur * mur * (nr / nk)
+    # with a learned sink: one more option of the softmax (not of the logit statistics)
+    f_nat = f * unit
+    sig = tl.load(sink_ptr + b * sib + h * sih + offs_m * sit, mask=in_q, other=neg_inf)
+    srel = sig.to(tl.float32) - f_nat
+    ms = tl.maximum(mk, srel)
+    e1 = tl.exp(mk - ms)
+    e2 = tl.exp(srel - ms)  # 0 without a sink
+    ls = lk * e1 + e2
+    as_ = e1 * (ak + (mk - ms) * lk) + e2 * tl.where(e2 > 0.0, srel - ms, 0.0)
+    entropy = tl.log(ls) - as_ / ls
+    lse = ms + tl.log(ls)
+    n_opt = nk + has_sink
+    std = tl.sqrt(tl.maximum(M2k / nk, 0.0))
+    thr = tl.sqrt(2.0 * tl.log(nk))
+    beta = _beta_eff(entropy, n_opt, curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr,
+                     tab_size, tab_stride, tab_nb, CELLS, STEPS)  # fmt: skip
+    max_prob = 1.0 / ls
+    row_max = (tl.maximum(m, 0.0) + f) * unit  # the largest real logit (d = 0: the first key)
+
+    two_opt = kept & (n_opt >= 2.0)
+    two_keys = kept & (nk >= 2.0)
+    x_ok = kept & (nr >= 2.0)
+    base = out_ptr + (pid_bh.to(tl.int64) * tl.num_programs(1) + pid_m) * (2 * N_VALUES_C + 1)
+    thr_opt = tl.sqrt(2.0 * tl.log(tl.maximum(n_opt, 1.0)))
+    with_sink = kept & (has_sink > 0)
+    values = (
+        entropy, entropy / tl.log(tl.maximum(n_opt, 2.0)), max_prob, std, mk - muk, mk - m2k,
+        tl.where(std > thr, 1.0, 0.0), tl.exp(-lse), beta, tl.where(beta > thr_opt, 1.0, 0.0),
+        ent_x, 1.0 / lr1, std_x, tl.where(std_x > thr_x, 1.0, 0.0), beta_x,
+        tl.where(beta_x > thr_x, 1.0, 0.0), row_max, tl.exp(srel - lse),
+    )  # fmt: skip
+    # each statistic's rows: kept (0), two options (1), two keys (2), two other keys (3), sink (4)
+    weights = (kept, two_opt, two_keys, x_ok, with_sink)
+    CLASS: tl.constexpr = (0, 1, 0, 0, 0, 2, 0, 0, 1, 1, 3, 3, 3, 3, 3, 3, 0, 4)
+    counts = (
+        tl.sum(kept.to(tl.float32), 0), tl.sum(two_opt.to(tl.float32), 0),
+        tl.sum(two_keys.to(tl.float32), 0), tl.sum(x_ok.to(tl.float32), 0),
+        tl.sum(with_sink.to(tl.float32), 0),
+    )  # fmt: skip
+    for j in tl.static_range(N_VALUES_C):
+        tl.store(base + j, tl.sum(tl.where(weights[CLASS[j]], values[j], 0.0), 0))
+        tl.store(base + N_VALUES_C + j, counts[CLASS[j]])
+    tl.store(base + 2 * N_VALUES_C, tl.max(tl.where(kept, row_max, neg_inf), 0))
+
+    # histograms of entropy and max_prob: bins of the kept rows, added to the head's counts
+    bins = tl.arange(0, BINS)
+    hist_base = hist_ptr + h * (2 * BINS)
+    be = tl.where(kept, (entropy - hist_lo0) * hist_scale0, 0.0)
+    be = tl.minimum(tl.maximum(be, 0.0), BINS - 1.0).to(tl.int32)
+    he = tl.histogram(be, BINS, mask=kept)
+    tl.atomic_add(hist_base + bins, he, mask=he > 0, sem="relaxed")
+    bp = tl.where(kept, (max_prob - hist_lo1) * hist_scale1, 0.0)
+    bp = tl.minimum(tl.maximum(bp, 0.0), BINS - 1.0).to(tl.int32)
+    hp = tl.histogram(bp, BINS, mask=kept)
+    tl.atomic_add(hist_base + BINS + bins, hp, mask=hp > 0, sem="relaxed")
