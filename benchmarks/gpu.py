@@ -184,6 +184,20 @@ def attention_only(shape: ModelShape, batch: int, seq: int, dtype, device, warmu
     return out
 
 
+def lm_head_ms(batch: int, seq: int, vocab: int, dtype, device, warmup: int, iters: int) -> dict:
+    """The LM head's statistics of one batch of logits (B, T, V) in the model's dtype against a
+    plain float32 log-softmax of the same logits, ms per call."""
+    from peakprobe.hooks.engine import SiteStats, lm_targets
+
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(batch, seq, vocab, generator=g, device=device, dtype=dtype) * 3
+    ids = torch.randint(0, vocab, (batch, seq), generator=g, device=device)
+    kept, target = lm_targets(ids, None)
+    stats = SiteStats(ProbeConfig())
+    return {"log_softmax": 1e3 * measure(lambda: logits.float().log_softmax(-1), device, warmup, iters)[0],
+            "lm_head": 1e3 * measure(lambda: stats.lm_head(logits, kept, target), device, warmup, iters)[0]}
+
+
 def sweep(shape: ModelShape, batch: int, seq: int, dtype, device, iters: int) -> list[dict]:
     """Kernel-only ms per call (one layer, causal) under several launch configurations; the
     first is the default launch of this dtype and head dim."""
@@ -304,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["sweep"] = sweep(shape, batch, seq, dtype, device, iters)
         report["shapes"][size] = entry
 
+    report["lm_head_ms"] = lm_head_ms(batch, seq, vocab, dtype, device, warmup, iters)
     print_table(report)
     if args.json:
         with open(args.json, "w") as f:
@@ -312,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(report: dict) -> None:
+    lm = report.get("lm_head_ms")
+    if lm:
+        print(f"LM head, batch {report['batch']} x {report['seq']}: statistics {lm['lm_head']:.2f} ms, "
+              f"a float32 log-softmax of the same logits {lm['log_softmax']:.2f} ms")
     print(f"{report['device']}  {report['dtype']}  batch {report['batch']} x {report['seq']}  "
           f"lm_chunk {report['lm_chunk']}  ({report['date']})")  # fmt: skip
     print(f"{'shape':<8} {'mode':<14} {'tok/s':>11} {'x sdpa':>7} {'peak GiB':>9} {'mem x':>6}")

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# GPU check of the Triton fast path (issue 7), for a session with a lent GPU (H200).
+# The GPU check of the probes, for a session with a lent GPU (one H100 / H200): one script,
+# under 8 minutes, every step with its own timeout.
 #
 #   OUT=/some/dir bash benchmarks/gpu_check.sh        # from anywhere; OUT defaults to ./gpu_out
 #
-# 1. environment  -> $OUT/env.txt   (GPU, versions; missing Python packages installed from PyPI)
-# 2. parity tests -> $OUT/parity.txt   (tests/test_triton_parity.py compiled on CUDA)
-# 3. benchmark    -> $OUT/bench.txt, bench.json    (benchmarks/gpu.py: Pythia-160m and -1.4b)
-# 4. attribution  -> $OUT/cost.txt                 (benchmarks/sweep_cost.py, Pythia-160m shape)
-# 5. launch sweep -> $OUT/sweep.txt, sweep.json    (kernel only, if time is left)
-# Every step has its own timeout; the whole run stays under 7 minutes. $OUT/summary.txt lists
-# each step's exit status. Exit status: that of the parity tests (2 when there is no GPU).
+# 1. env         -> $OUT/env.txt      GPU, driver, versions (missing packages from PyPI)
+# 2. syncs       -> $OUT/syncs.txt    the engine's attention layers and LM head under
+#                                     torch.cuda.set_sync_debug_mode("error")
+# 3. parity      -> $OUT/parity.txt   tests/test_triton_parity.py compiled on CUDA
+# 4. benchmark   -> $OUT/bench.txt, bench.json   benchmarks/gpu.py: probed / sdpa and peak memory
+#                                     for the Pythia-160m and 1.4b shapes (bf16, batch 8 x 2048),
+#                                     per layer sdpa / kernel / torch-path ms, LM-head ms
+# 5. attribution -> $OUT/cost.txt     benchmarks/sweep_cost.py, Pythia-160m shape, bf16
+# 6. launches    -> $OUT/sweep.txt    the kernel under other launch configurations, if time is left
+# $OUT/summary.txt lists each step's exit status. Exit status: the parity tests' (2: no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
@@ -29,12 +33,12 @@ missing=$("$PY" - <<'PYEOF'
 import importlib.util
 specs = {"triton": "triton", "transformers": "transformers>=5,<6", "pandas": "pandas",
          "pyarrow": "pyarrow", "pytest": "pytest", "scipy": "scipy", "tqdm": "tqdm",
-         "accelerate": "accelerate"}
+         "accelerate": "accelerate", "filelock": "filelock", "jinja2": "jinja2",
+         "matplotlib": "matplotlib", "datasets": "datasets"}
 print(" ".join(s for m, s in specs.items() if importlib.util.find_spec(m) is None))
 PYEOF
 )
 {
-  date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
   if [ -n "$missing" ]; then
     echo "installing from PyPI: $missing"
@@ -58,27 +62,32 @@ if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
   exit 2
 fi
 
-# 2. parity on CUDA
-PEAKPROBE_TRITON_DEVICE=cuda timeout 140 "$PY" -m pytest tests/test_triton_parity.py -q \
-  -p no:cacheprovider --durations=8 > "$OUT/parity.txt" 2>&1
+# 2. host synchronisations per layer (the first call compiles the kernel)
+timeout 120 "$PY" benchmarks/sync_audit.py --cuda > "$OUT/syncs.txt" 2>&1
+step syncs $?
+cat "$OUT/syncs.txt"
+
+# 3. parity on CUDA
+PEAKPROBE_TRITON_DEVICE=cuda timeout 150 "$PY" -m pytest tests/test_triton_parity.py -q \
+  -p no:cacheprovider --durations=5 > "$OUT/parity.txt" 2>&1
 parity=$?
-tail -n 25 "$OUT/parity.txt"
+tail -n 12 "$OUT/parity.txt"
 step parity "$parity"
 
-# 3. benchmark: both Pythia shapes, bf16, batch 8 x 2048
-timeout 200 "$PY" benchmarks/gpu.py --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
-bench=$?
-cat "$OUT/bench.txt" | grep -v '^  ' || true
-step benchmark "$bench"
+# 4. benchmark: both Pythia shapes, bf16, batch 8 x 2048 (no block-size variants: --chunks '')
+timeout 150 "$PY" benchmarks/gpu.py --chunks '' --json "$OUT/bench.json" --no-progress \
+  > "$OUT/bench.txt" 2>&1
+step benchmark $?
+cat "$OUT/bench.txt"
 
-# 4. the attribution's cost against the forward-only sweep, on the GPU (float32, default probes)
-timeout 100 "$PY" benchmarks/sweep_cost.py --size 160m --device cuda --backend auto --rounds 2 \
-  > "$OUT/cost.txt" 2>&1
+# 5. the attribution's cost against the forward-only sweep (lockstep head searches, bf16)
+timeout 90 "$PY" benchmarks/sweep_cost.py --size 160m --device cuda --backend auto --dtype bfloat16 \
+  --rounds 1 --windows 32 > "$OUT/cost.txt" 2>&1
 step cost $?
 cat "$OUT/cost.txt"
 
-# 5. launch-configuration sweep of the kernel alone, in whatever time is left
-left=$((400 - SECONDS))
+# 6. launch configurations of the kernel alone, in whatever time is left
+left=$((440 - SECONDS))
 if [ "$left" -gt 30 ]; then
   timeout "$left" "$PY" benchmarks/gpu.py --kernel-only --sweep --no-progress \
     --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2>&1

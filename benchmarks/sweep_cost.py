@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a Pythia shape instead of the CPU benchmark model")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="torch", help="the probes' backend (torch, auto, ...)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="the model's weights dtype (the attribution runs in it)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     if args.size is None:
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = GPTNeoXConfig(vocab_size=vocab, num_hidden_layers=shape[0], hidden_size=shape[1],
                         num_attention_heads=shape[2], intermediate_size=4 * shape[1],
                         max_position_embeddings=2048)
-    model = AutoModelForCausalLM.from_config(cfg).to(args.device).eval()
+    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, args.dtype)).to(args.device).eval()
     ids = torch.randint(0, vocab, (args.windows, args.length))
     data = EvalData(ids, torch.ones_like(ids), "random", token_hash(ids))
 
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = times / times[:, :1]
     where = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
              else f"{torch.get_num_threads()} threads")
-    print(f"GPT-NeoX {shape[0]} x {shape[1]}, {shape[2]} heads, vocab {vocab}, float32, "
+    print(f"GPT-NeoX {shape[0]} x {shape[1]}, {shape[2]} heads, vocab {vocab}, {args.dtype}, "
           f"{args.windows} windows x {args.length} tokens, batch {args.batch}, attribution on "
           f"{args.attribution_windows} windows, probes {be}, {where}, {args.rounds} interleaved rounds")
     print(f"{'variant':<42}{'seconds':>9}{'x baseline':>12}{'range':>14}")

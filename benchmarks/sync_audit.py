@@ -139,11 +139,57 @@ def audit(arch: str = "llama_gqa", batch: int = 2, length: int = 24) -> dict:
     }
 
 
+def cuda_check(layers: int = 4, batch: int = 4, seq: int = 512, heads: int = 8, dim: int = 64,
+               vocab: int = 50304) -> dict:
+    """On a GPU: attention layers (causal; padded, with a mask tensor) and the LM head through
+    the statistics engine under ``torch.cuda.set_sync_debug_mode("error")``, which raises at the
+    first host synchronisation. Returns the layers and syncs seen (0, or the error)."""
+    from peakprobe.config import ProbeConfig
+    from peakprobe.hooks.engine import SiteStats, lm_targets
+    from peakprobe.probes import MaskSpec
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k = (torch.randn(batch, heads, seq, dim, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    pad = torch.ones(batch, seq, dtype=torch.bool, device=dev)
+    pad[1:, :37] = False  # left padding
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=dev).tril()
+    mask = (causal & pad[:, None, :]).unsqueeze(1)  # (B, 1, T, T)
+    logits = torch.randn(batch, seq, vocab, generator=g, device=dev, dtype=torch.bfloat16)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g, device=dev)
+    kept, target = lm_targets(ids, pad.long())
+    stats = SiteStats(ProbeConfig())
+    stats.attention(0, q, k, None, spec=MaskSpec(), scaling=dim ** -0.5)  # warm-up: tables, compile
+    stats.lm_head(logits, kept, target)
+    torch.cuda.synchronize()
+    error = None
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for layer in range(layers):
+            spec = MaskSpec() if layer % 2 == 0 else MaskSpec(mask=mask)
+            stats.attention(layer, q, k, None, spec=spec, scaling=dim ** -0.5, row_valid=pad)
+        stats.lm_head(logits, kept, target)
+    except RuntimeError as exc:
+        error = str(exc).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return {"layers": layers, "syncs_per_layer": 0 if error is None else "at least 1", "error": error,
+            "kernel": stats._kernel(q, k, MaskSpec(), {})}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="llama_gqa")
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
+    parser.add_argument("--cuda", action="store_true",
+                        help="on a GPU: the engine under torch.cuda.set_sync_debug_mode('error')")
     args = parser.parse_args(argv)
+    if args.cuda:
+        out = cuda_check()
+        print(json.dumps(out) if args.json else
+              f"cuda: syncs_per_layer={out['syncs_per_layer']} over {out['layers']} layers and the "
+              f"LM head (kernel path: {out['kernel']}){'; ' + out['error'] if out['error'] else ''}")
+        return 0 if out["error"] is None else 1
     out = audit(args.arch)
     if args.json:
         print(json.dumps(out))

@@ -9,6 +9,7 @@ import pandas as pd
 
 from peakprobe import vocab
 
+from .data import DataError
 from .vocab import site_label
 
 COLUMNS = [vocab.LOGIT_STD, vocab.PEAKED, vocab.MAX_PROB, vocab.ENTROPY_NORM, vocab.LOGIT_TOP_GAP,
@@ -27,8 +28,8 @@ def probe_folder(
 ) -> pd.DataFrame:
     """Tidy per-site statistics of the checkpoint in ``model_dir`` over ``text``.
 
-    A folder without a config or a loadable tokenizer is a one-line error (FileNotFoundError /
-    DataError), never a traceback. ``window=None`` is the default window fitted to the model's
+    A folder without a config or a loadable tokenizer is a one-line ``DataError``, never a
+    traceback. ``window=None`` is the default window fitted to the model's
     maximum positions (``data.window_for``)."""
     from .checkpoint import load_config, load_model, load_tokenizer, probe_model
     from .config import AttributionConfig, SweepConfig
@@ -36,7 +37,7 @@ def probe_folder(
 
     folder = Path(model_dir)
     if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} is not a saved model folder (no config.json)")
+        raise DataError(f"{folder} is not a saved model folder (no config.json)")
     config = SweepConfig(allow_pickle=allow_pickle, prefetch=False,
                          attribution=AttributionConfig(enabled=sensitivity))
     tok = load_tokenizer(folder)
@@ -56,7 +57,7 @@ def format_probe_table(frame: pd.DataFrame, sort_by: str = vocab.LOGIT_STD) -> s
     """One line per head (and the LM head), sorted by ``sort_by`` descending."""
     wide = frame.pivot_table(index=["site_kind", "layer", "head"], columns="metric", values="value")
     if sort_by not in wide.columns:
-        raise ValueError(f"unknown metric {sort_by!r}; choose from {', '.join(sorted(wide.columns))}")
+        raise DataError(f"unknown metric {sort_by!r}; choose from {', '.join(sorted(wide.columns))}")
     wide = wide.sort_values(sort_by, ascending=False)
     cols = [c for c in COLUMNS if c in wide.columns]
     lines = [f"{'site':<14}" + "".join(f"{c:>16}" for c in cols)]

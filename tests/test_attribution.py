@@ -593,11 +593,15 @@ def test_the_windows_are_split_in_two_parts_in_order():
     ids = torch.arange(5 * 3).view(5, 3)
     mask = torch.ones_like(ids)
     parts = _halves([(ids[:2], mask[:2]), (ids[2:4], None), (ids[4:], mask[4:])])
-    assert [[len(i) for i, _ in part] for part in parts] == [[2, 1], [2]]
-    assert torch.equal(torch.cat([i for part in parts for i, _ in part]), ids)
-    assert all(torch.equal(m, torch.ones_like(i)) for part in parts for i, m in part)
+    assert [[len(i) for i, _, _ in part] for part in parts] == [[2, 1], [2]]
+    assert torch.equal(torch.cat([i for part in parts for i, _, _ in part]), ids)
+    assert all(torch.equal(m, torch.ones_like(i)) for part in parts for i, m, _ in part)
+    assert all(p is None for part in parts for _, _, p in part)  # no packed documents given
     assert [len(part) for part in _halves([(ids[:1], None)])] == [1]
     assert _halves([(ids, None)])[1][0][1] is None
+    pos = torch.arange(3).expand(5, 3)
+    packed = _halves([(ids[:2], None, pos[:2]), (ids[2:], None, pos[2:])])
+    assert torch.equal(torch.cat([p for part in packed for _, _, p in part]), pos)
 
 
 def test_heads_the_first_half_does_not_stop_get_the_figures_of_the_whole_screen(monkeypatch):
@@ -620,8 +624,8 @@ def test_heads_the_first_half_does_not_stop_get_the_figures_of_the_whole_screen(
     split = attribute(model, batches)
     stopped = [i for i, s in enumerate(stops) if s]
     assert 0 < len(stopped) < len(stops)
-    monkeypatch.setattr(attr._Runner, "first_part", lambda self, betas, start, slope0: (
-        lambda x: self.loss(betas(x), start), None))
+    monkeypatch.setattr(attr._Runner, "first_part", lambda self, part_sum, slope0: (
+        lambda x: sum(part_sum(x, k) for k in range(len(self.parts))) / self.n_tokens, None))
     whole = attribute(model, batches)
     heads = split[split.site_kind == vocab.ATTN]
     keys = heads[["layer", "head"]].drop_duplicates().itertuples(index=False)

@@ -52,7 +52,7 @@ _DTYPES = (*_HALF, torch.float32)
 _MAX_HEAD_DIM = 256
 
 
-class TritonKernelError(ValueError):
+class TritonKernelError(vocab.PeakprobeError):
     """Inputs the Triton kernel cannot take (shapes, dtypes, CPU tensors without the interpreter)."""
 
 
