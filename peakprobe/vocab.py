@@ -102,12 +102,12 @@ LM_PROBE_METRICS: tuple[str, ...] = LM_METRICS + ENTROPY_PEAKED_METRICS + (LOGIT
 LOGIT_MAX = "logit_max"
 #: row statistics whose quantiles over rows each site reports, from a fixed-bin histogram that
 #: merges exactly across batches (no per-row storage)
-QUANTILE_OF: tuple[str, ...] = ("entropy", "max_prob")
+QUANTILE_OF: tuple[str, ...] = (ENTROPY, MAX_PROB)
 QUANTILES: tuple[float, ...] = (0.1, 0.5, 0.9)
 #: histogram bins per statistic and their range (values outside are clamped into the end bins;
 #: entropy in nats: ln n is below 16 for any n under 8.8 million options)
 HIST_BINS = 512
-HIST_RANGE: dict[str, tuple[float, float]] = {"entropy": (0.0, 16.0), "max_prob": (0.0, 1.0)}
+HIST_RANGE: dict[str, tuple[float, float]] = {ENTROPY: (0.0, 16.0), MAX_PROB: (0.0, 1.0)}
 
 
 def quantile_metric(name: str, q: float) -> str:

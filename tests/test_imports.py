@@ -150,3 +150,38 @@ def test_an_edit_of_the_table_changes_the_rule():
         "| vocab | torch, triton (optional) |", "| vocab, hooks | torch, triton (optional) |")
     allowed, _, _ = read_table(edited)
     assert allowed["probes"] == {"vocab", "hooks"} != ALLOWED["probes"]
+
+
+def _metric_literals(path: Path) -> list[tuple[int, str]]:
+    """String literals of a module that spell a vocab metric name: every multi-word name, and
+    a single-word one where it is compared (``metric == "loss"``); ``__all__`` lists of
+    function names (``beta_eff``) do not count."""
+    from peakprobe import vocab
+
+    names = (set(vocab.ATTN_PROBE_METRICS) | set(vocab.LM_PROBE_METRICS) | set(vocab.SITE_METRICS)
+             | set(vocab.ATTRIBUTION_METRICS) | {vocab.SINK_PROB})
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    exported = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+                for c in ast.walk(node.value)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+            if id(node) in exported or isinstance(parents.get(node), ast.JoinedStr):
+                continue
+            if "_" in node.value or isinstance(parents.get(node), ast.Compare):
+                found.append((node.lineno, node.value))
+    return found
+
+
+def test_metric_names_are_spelled_once_in_vocab():
+    bare = {name: _metric_literals(path) for name, path in MODULES.items() if name != "peakprobe.vocab"}
+    bare = {k: v for k, v in bare.items() if v}
+    assert not bare, f"metric names spelled outside vocab (use vocab's constants): {bare}"
+
+
+def test_the_metric_name_check_sees_a_planted_literal(tmp_path):
+    fake = tmp_path / "planted.py"
+    fake.write_text('def f(frame):\n    return frame[frame.metric == "loss"], "logit_std"\n')
+    assert sorted(v for _, v in _metric_literals(fake)) == ["logit_std", "loss"]

@@ -42,7 +42,7 @@ from .accumulate import SiteSums
 from .rows import attn_metric_names
 from .triton_site import MAX_COL, N_VALUES, RECORD, VALUES, site_kernel
 
-if (attn_metric_names(True) != VALUES or vocab.QUANTILE_OF != ("entropy", "max_prob")
+if (attn_metric_names(True) != VALUES or vocab.QUANTILE_OF != (vocab.ENTROPY, vocab.MAX_PROB)
         or vocab.HIST_BINS & (vocab.HIST_BINS - 1)):  # fmt: skip
     raise RuntimeError("triton_site.py is out of date with rows.attn_metric_names / vocab "
                        "(or vocab.HIST_BINS is not a power of two)")  # fmt: skip
@@ -313,8 +313,8 @@ def kernel_site_sums(
     consts["SOFTCAP"] = softcap is not None
     n_mb = triton.cdiv(tq, consts["BLOCK_M"])
     out = torch.empty(b * h * n_mb, RECORD, dtype=torch.float32, device=device)
-    lo_e, hi_e = vocab.HIST_RANGE["entropy"]
-    lo_p, hi_p = vocab.HIST_RANGE["max_prob"]
+    lo_e, hi_e = vocab.HIST_RANGE[vocab.ENTROPY]
+    lo_p, hi_p = vocab.HIST_RANGE[vocab.MAX_PROB]
 
     with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
         site_kernel[(b * h, n_mb)](

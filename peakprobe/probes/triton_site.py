@@ -36,12 +36,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .. import vocab
+
 #: the per-row statistics the kernel writes, in this order (= ``rows.attn_metric_names(True)``)
 VALUES: tuple[str, ...] = (
-    "entropy", "entropy_norm", "max_prob", "logit_std", "logit_max_minus_mean", "logit_top_gap",
-    "peaked", "first_key_prob", "beta_eff", "peaked_entropy", "entropy_xsink", "max_prob_xsink",
-    "logit_std_xsink", "peaked_xsink", "beta_eff_xsink", "peaked_entropy_xsink",
-    "logit_row_max", "sink_prob",
+    vocab.ENTROPY, vocab.ENTROPY_NORM, vocab.MAX_PROB, vocab.LOGIT_STD, vocab.LOGIT_MAX_MINUS_MEAN,
+    vocab.LOGIT_TOP_GAP, vocab.PEAKED, vocab.FIRST_KEY_PROB, vocab.BETA_EFF, vocab.PEAKED_ENTROPY,
+    *vocab.XSINK_METRICS, vocab.LOGIT_ROW_MAX, vocab.SINK_PROB,
 )  # fmt: skip
 N_VALUES = len(VALUES)
 N_VALUES_C: tl.constexpr = tl.constexpr(N_VALUES)

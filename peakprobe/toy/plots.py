@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from .. import vocab
 from ..vocab import peaked_threshold
 
 __all__ = ["plot_linear_attention", "plot_peaked"]
@@ -53,7 +54,7 @@ def plot_peaked(run: Any, summary: dict, out_dir: Path) -> list[Path]:
     ax_l.set_title(f"{run.optimizer}: loss")
     ax_l.legend(fontsize=8)
 
-    for key, color, label in (("w_norm", "C1", "||W||_F"), ("logit_std", "C2", "logit std")):
+    for key, color, label in (("w_norm", "C1", "||W||_F"), (vocab.LOGIT_STD, "C2", "logit std")):
         alpha = summary[f"{key}_alpha"]
         ax_g.loglog(t, getattr(run, key), "o", ms=3, color=color, label=f"{label}: fit t^{alpha:.3f}")
         ax_g.loglog(tw, summary[f"{key}_c"] * tw ** alpha, "-", color="k", lw=1)
