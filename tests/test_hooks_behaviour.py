@@ -6,6 +6,7 @@ import gc
 import math
 import weakref
 
+import pandas as pd
 import pytest
 import torch
 from conftest import VOCAB, left_padded_batch, tiny_model
@@ -124,3 +125,51 @@ def test_attention_blocks_are_sized_per_device():
         fits = [1 << i for i in range(40) if b * h * t * (1 << i) <= GPU_BLOCK_ELEMENTS]
         assert gpu_rows(b, h, t) == max([CPU_CHUNK] + fits), (b, h, t)
     assert gpu_rows(8, 12, 2048) == 128 and gpu_rows(64, 40, 4096) == CPU_CHUNK
+
+
+def test_a_mask_the_kernel_ranges_cannot_express_is_probed_again_on_the_torch_path(monkeypatch):
+    """A custom 4-D mask with a hole (rows 5.. do not see key 2) is not one key interval per row:
+    the kernel path counts it, and ``run_batch`` probes that batch again on the torch path, so
+    the frame is the torch path's exactly. The kernel is stood in for by the torch path on the
+    ranges (right wherever the ranges are), so the test runs without triton."""
+    import sys
+    import types
+
+    from peakprobe.hooks.engine import SiteStats
+    from peakprobe.probes import MaskSpec, attention_head_sums
+    from peakprobe.probes.ranges import KeyRanges, ranges_mask
+
+    calls = []
+
+    def kernel_site_sums(query, key, *, scaling, start, end, row_valid=None, softcap=None, sinks=None):
+        calls.append(query.shape)
+        spec = MaskSpec(mask=ranges_mask(KeyRanges(start, end, torch.zeros(())), key.shape[2]))
+        return attention_head_sums(query, key, scaling=scaling, mask=spec, row_valid=row_valid,
+                                   softcap=softcap, sinks=sinks, dtype=torch.float64)
+
+    fake = types.ModuleType("peakprobe.probes.triton_kernel")
+    fake.kernel_site_sums = kernel_site_sums
+    fake.kernel_supported = lambda *a, **k: True
+    monkeypatch.setitem(sys.modules, "peakprobe.probes.triton_kernel", fake)
+    model = tiny_model("llama_gqa")
+    ids = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(4))
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    holes = causal.clone()
+    holes[5:, 2] = False
+    frames = {}
+    for name, mask in (("holes", holes), ("causal", causal)):
+        mask4 = mask.view(1, 1, 10, 10).expand(2, 1, 10, 10)
+        with attach(model, ProbeConfig(dtype="float64", backend="torch")) as probe:
+            probe.run_batch(ids, mask4)
+            reference = probe.to_frame()
+        monkeypatch.setattr(SiteStats, "_kernel", lambda self, q, k, spec, kw: self.config.backend != "torch")
+        calls.clear()
+        with attach(model, ProbeConfig(dtype="float64", backend="triton")) as probe:
+            probe.run_batch(ids, mask4)
+            frames[name] = probe.to_frame()
+        monkeypatch.undo()
+        monkeypatch.setitem(sys.modules, "peakprobe.probes.triton_kernel", fake)
+        assert len(calls) == model.config.num_hidden_layers  # the kernel path ran first
+        pd.testing.assert_frame_equal(frames[name], reference, check_exact=False, rtol=1e-12)
+    # without the second pass the hole would show: the ranges alone see key 2 from every row
+    assert not frames["holes"].equals(frames["causal"])

@@ -92,7 +92,8 @@ class Probe:
     def _capture_inputs(self, module, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         self._input_ids = ids if isinstance(ids, torch.Tensor) else None
-        self._attention_mask = kwargs.get("attention_mask")
+        mask = kwargs.get("attention_mask")  # a padding mask (B, T); a custom 4-D one reaches attention
+        self._attention_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         pos = kwargs.get("position_ids")
         self._position_ids = pos if isinstance(pos, torch.Tensor) else None
 

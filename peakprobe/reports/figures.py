@@ -337,12 +337,13 @@ def logit_max_figure(series: pd.DataFrame, time_axis: str) -> RenderedFigure | N
     ax = fig.add_subplot()
     layers = sorted(int(x) for x in series["layer"].unique())
     cmap = matplotlib.colormaps["viridis"]
+    named = len(layers) <= 9  # beyond that, colour alone says the depth (the caption says how)
     for i, layer in enumerate(layers):
         s = series[series["layer"] == layer]
         lm = layer < 0
+        label = "LM head" if lm else (f"layer {layer}" if named else None)
         ax.plot(s["t"], s["value"], color="black" if lm else cmap(i / max(1, len(layers) - 1)),
-                linestyle="--" if lm else "-", marker="o", markersize=2.5,
-                label="LM head" if lm else f"layer {layer}")
+                linestyle="--" if lm else "-", marker="o", markersize=2.5, label=label)
     ax.set_xscale("log")
     top = float(series["value"].max())
     if top > 0.5 * vocab.LOGIT_MAX_ALARM:
@@ -354,8 +355,9 @@ def logit_max_figure(series: pd.DataFrame, time_axis: str) -> RenderedFigure | N
         "logit_max_curves",
         "Largest logit per layer",
         "The largest pre-softmax logit over every evaluated row, key and head of each layer "
-        "(logit_max, the quantity QK-clip / MuonClip bound), and the LM head's over the "
-        "vocabulary, at every checkpoint.",
+        "(logit_max, the quantity QK-clip / MuonClip bound; colour from the first layer, dark, "
+        "to the last, yellow), and the LM head's over the vocabulary (dashed), at every "
+        "checkpoint.",
     )
 
 
