@@ -25,7 +25,7 @@ import torch
 from ..config import ProbeConfig
 from ..probes import MaskSpec
 from ..probes.ranges import cu_seq_starts
-from .engine import SiteStats, lm_targets
+from .engine import SiteStats, lm_targets, resolve_backend
 from .routing import UnsupportedModelError, call_original, original_attention, route_attention
 
 
@@ -134,10 +134,12 @@ class Probe:
             inputs["attention_mask"] = attention_mask.to(device)
         if position_ids is not None:
             inputs["position_ids"] = position_ids.to(device)
-        before = self.stats.accumulator.copy()
+        # only the kernel path can misread a mask: keep what to return to for it alone
+        kernel = resolve_backend(self.config.backend, inputs["input_ids"]) == "triton"
+        before = self.stats.accumulator.copy() if kernel else None
         with torch.no_grad():
             self.model(**inputs)
-        if self.stats.ranges_broken():  # a mask the kernel's ranges misread: the torch path
+        if kernel and self.stats.ranges_broken():  # a mask the kernel's ranges misread: the torch path
             self.stats.accumulator = before
             self.stats.loss()
             self.stats.config = replace(self.config, backend="torch")

@@ -48,7 +48,7 @@ def _unprobed_functions() -> dict[Callable, str]:
     return found
 
 
-def sdpa_mask(attn_mask: torch.Tensor | None, is_causal: bool, b: int, tq: int, tk: int) -> MaskSpec:
+def sdpa_mask(attn_mask: torch.Tensor | None, is_causal: bool) -> MaskSpec:
     """The ``MaskSpec`` of one sdpa call: ``is_causal`` is the causal mask aligned at the top
     left (query i sees keys 0..i), as sdpa defines it; ``attn_mask`` (bool: True attends;
     float: added to the scores) broadcast to (B|1, 1|H, Tq, Tk)."""
@@ -107,8 +107,8 @@ class SdpaProbe(TorchFunctionMode):
         h, hkv = query.shape[1], key.shape[1]
         if h % hkv:
             raise UnsupportedModelError(f"sdpa call with {h} query heads and {hkv} key heads")
-        b, tq, tk = query.shape[0], query.shape[2], key.shape[2]
-        spec = sdpa_mask(attn_mask, is_causal, b, tq, tk)
+        b, tq = query.shape[0], query.shape[2]
+        spec = sdpa_mask(attn_mask, is_causal)
         scaling = query.shape[-1] ** -0.5 if scale is None else float(scale)
         row_valid = self.row_valid if self.row_valid is not None and self.row_valid.shape == (b, tq) else None
         # inside __torch_function__ this mode is off: the probe's own ops are not seen again
