@@ -70,7 +70,7 @@ def _family_runs(base, evil_last: bool = False) -> list:
         model = EVIL if evil_last and i == len(FAMILY) - 1 else name
         run = planted_run(base / name, model, n_layers, n_heads, loss_alpha=alpha,
                           L0=2.6 - 0.2 * i, seed=i, n_params=n_params)
-        fit_run(run, n_boot=N_BOOT)
+        fit_run(run, FitConfig(n_boot=N_BOOT))
         runs.append(run)
     return runs
 
@@ -150,7 +150,7 @@ def test_cli_compare_errors_are_one_line(tmp_path, capsys):
 
 def test_fits_json_without_bottleneck_degrades(tmp_path):
     run = planted_run(tmp_path / "r", "bare", 2, 3)
-    fit_run(run, n_boot=N_BOOT)
+    fit_run(run, FitConfig(n_boot=N_BOOT))
     (run / results.FITS_JSON).write_text(json.dumps({"format": 1}))  # keys another version lacks
     paths = api.compare([run], tmp_path / "cmp", fit=FitConfig(n_boot=N_BOOT), curve=CurveConfig(scan=False))
     row = pd.read_csv(paths.members_csv).iloc[0]
@@ -207,7 +207,7 @@ def test_two_seeds_of_one_model_are_told_apart(tmp_path):
     runs = []
     for seed in (0, 1):
         run = planted_run(tmp_path / f"seed{seed}", "pythia-70m", 1, 3, seed=seed)
-        fit_run(run, n_boot=N_BOOT)
+        fit_run(run, FitConfig(n_boot=N_BOOT))
         runs.append(run)
     paths = api.compare(runs, tmp_path / "cmp", fit=FitConfig(n_boot=N_BOOT), curve=CurveConfig(scan=False))
     table = pd.read_csv(paths.members_csv)

@@ -14,6 +14,7 @@ import pytest
 from synthetic import make_run, pythia_like_steps
 
 from peakprobe import results, vocab
+from peakprobe.config import FitConfig
 from peakprobe.fits import FitError, fit_run, format_fits, judge_third
 from peakprobe.vocab import PeakprobeError
 
@@ -49,7 +50,7 @@ def planted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     truth = make_run(run_dir, n_layers=2, n_heads=6, steps=STEPS, seed=1, alphas=PLANTED_ALPHAS,
                      noise=0.01, gains="attention")
-    return truth, fit_run(run_dir, n_boot=NB, seed=3)
+    return truth, fit_run(run_dir, FitConfig(n_boot=NB, seed=3))
 
 
 def test_fits_parquet_matches_the_contract(planted) -> None:
@@ -116,9 +117,24 @@ def test_planted_gains_are_recovered(planted) -> None:
         row = _row(rf.table, "gain", kind, layer, head, vocab.GAIN)
         assert abs(row["alpha"] - alpha) < 0.02, (kind, layer, head)  # decay exponent, > 0
         share = truth.gain_shares[(kind, layer, head)]
-        assert row["share_lo"] * 0.9 <= share <= row["share_hi"] * 1.1, (kind, layer, head)
+        site = rf.sites.set_index(["site_kind", "layer", "head"]).loc[(kind, layer, head)]
+        # the share of L - L0 at the window's end, read off the fitted laws
+        assert site["share_floor_lo"] * 0.9 <= share <= site["share_floor_hi"] * 1.1, (kind, layer, head)
+        # the share of the loss decrease: the slope of the planted G on the planted L
+        drop = _drop_truth(truth, rf, share, alpha)
+        assert row["share_lo"] - 0.1 * abs(drop) <= drop <= row["share_hi"] + 0.1 * abs(drop), (kind, layer, head)
         rows.append((alpha, row))
     _check_verdicts(rows)
+
+
+def _drop_truth(truth, rf, share: float, alpha: float) -> float:
+    """The planted gain's share of the loss decrease over the fit window: the least-squares
+    slope of the noiseless G on the noiseless L across the window's checkpoints."""
+    t_end = float(max(truth.steps))
+    t = np.array([s for s in truth.steps if rf.step_min <= s <= rf.step_max], dtype=float)
+    loss = truth.loss_L0 + truth.loss_c * t ** -truth.loss_alpha
+    g = share * truth.loss_c * t_end ** -truth.loss_alpha * (t / t_end) ** -alpha
+    return float(np.polyfit(loss, g, 1)[0])
 
 
 def test_planted_classes_are_recovered_under_bh(planted) -> None:
@@ -141,7 +157,11 @@ def test_planted_attention_bottleneck(planted) -> None:
     assert k["site"] == "attention (all heads)" and k["significant"]
     assert k["share_lo"] <= 0.5 <= k["share_hi"]
     assert k["alpha_gain_lo"] - 0.005 <= THIRD <= k["alpha_gain_hi"] + 0.005
-    assert not b["kinds"][vocab.BOTTLENECK_LM_HEAD]["significant"]  # 2% planted share
+    lm = b["kinds"][vocab.BOTTLENECK_LM_HEAD]
+    assert lm["share_floor_hi"] < 0.1  # 2% planted share of L - L0 at the end
+    # its gain falls faster than the loss, so it explains part of the early decrease; the
+    # verdict still names attention, whose gain decays slower
+    assert lm["alpha_gain"] > k["alpha_gain"]
     top = [(s["layer"], s["head"]) for s in b["top_sites"][:4]]
     assert set(top) == {k for k, v in truth.kinds.items() if v == "concentrating"}
 
@@ -168,7 +188,7 @@ def test_fits_json_matches_the_contract(planted) -> None:
 def test_same_results_give_the_same_bytes(planted) -> None:
     truth, _ = planted
     first = {n: (truth.run_dir / n).read_bytes() for n in ("fits.parquet", "fits.json")}
-    fit_run(truth.run_dir, n_boot=NB, seed=3)
+    fit_run(truth.run_dir, FitConfig(n_boot=NB, seed=3))
     assert first == {n: (truth.run_dir / n).read_bytes() for n in ("fits.parquet", "fits.json")}
 
 
@@ -186,7 +206,7 @@ def test_lm_head_bottleneck(tmp_path) -> None:
     kinds = {(0, h): ("saturated" if h % 2 else "diffuse") for h in range(4)}
     truth = make_run(tmp_path, 1, 4, STEPS, seed=2, kinds=kinds, lm_head_kind="concentrating",
                      gains="lm_head")
-    rf = fit_run(tmp_path, n_boot=NB)
+    rf = fit_run(tmp_path, FitConfig(n_boot=NB))
     b = rf.verdict["bottleneck"]
     assert truth.expected_bottleneck == b["verdict"] == vocab.BOTTLENECK_LM_HEAD
     k = b["kinds"][vocab.BOTTLENECK_LM_HEAD]
@@ -201,7 +221,7 @@ def test_no_peaked_site_means_the_mechanism_does_not_apply(tmp_path) -> None:
     steps = [0, 18, 30, 50, 80, 130, 200, 300, 439]
     truth = make_run(tmp_path, 2, 4, steps, seed=5, kinds=kinds, lm_head_kind="diffuse",
                      loss_noise=0.02, gain_noise=0.1, gains="attention", fit_start_step=18)
-    rf = fit_run(tmp_path, n_boot=NB)
+    rf = fit_run(tmp_path, FitConfig(n_boot=NB))
     b = rf.verdict["bottleneck"]
     assert truth.expected_bottleneck == b["verdict"] == vocab.BOTTLENECK_NONE
     assert b["reason"].startswith("no softmax is peaked: the 1/3 mechanism does not apply")
@@ -221,7 +241,7 @@ def test_peaked_by_entropy_only_counts(tmp_path) -> None:
     kinds = {(0, h): "diffuse" for h in range(4)}
     truth = make_run(tmp_path, 1, 4, STEPS, seed=6, kinds=kinds, lm_head_kind="diffuse",
                      lm_beta_eff_factor=4.0, gains="lm_head")
-    rf = fit_run(tmp_path, n_boot=NB)
+    rf = fit_run(tmp_path, FitConfig(n_boot=NB))
     lm = rf.sites.set_index("site_kind").loc[vocab.LM_HEAD]
     assert lm["peaked"]
     b = rf.verdict["bottleneck"]
@@ -236,7 +256,7 @@ def test_heads_parked_on_the_sink_are_not_peaked(tmp_path) -> None:
     last = raw[(raw["step"] == STEPS[-1]) & (raw["metric"] == "peaked")
                & (raw["site_kind"] == vocab.ATTN)]
     assert (last["value"] > 0.9).all()  # the raw flag says peaked
-    rf = fit_run(tmp_path, n_boot=NB)
+    rf = fit_run(tmp_path, FitConfig(n_boot=NB))
     b = rf.verdict["bottleneck"]
     assert truth.expected_bottleneck == b["verdict"] == vocab.BOTTLENECK_NONE
     assert b["n_peaked"] == 0
@@ -244,7 +264,7 @@ def test_heads_parked_on_the_sink_are_not_peaked(tmp_path) -> None:
 
 def test_without_gains_the_verdict_is_undetermined(tmp_path) -> None:
     truth = make_run(tmp_path, 1, 3, STEPS, seed=8, gains=None)
-    rf = fit_run(tmp_path, n_boot=NB)
+    rf = fit_run(tmp_path, FitConfig(n_boot=NB))
     b = rf.verdict["bottleneck"]
     assert truth.expected_bottleneck == b["verdict"] == vocab.BOTTLENECK_UNDETERMINED
     assert "cannot be computed without gains" in b["reason"]
@@ -256,7 +276,7 @@ def test_an_older_run_is_judged_by_what_it_measured(tmp_path) -> None:
     """No entropy peakedness, no sink-excluded statistics, no gains: the logit-std flag decides
     peakedness, and the bottleneck is not guessed from the (negative) sensitivities."""
     make_run(tmp_path, 1, 3, STEPS, seed=14, gains=None, peaked_entropy=False, xsink=False)
-    rf = fit_run(tmp_path, n_boot=NB)
+    rf = fit_run(tmp_path, FitConfig(n_boot=NB))
     b = rf.verdict["bottleneck"]
     assert b["peaked_criteria"] == {"attention": ["peaked"], "lm_head": ["peaked"]}
     assert b["n_peaked"] == 2  # the concentrating and the saturated head
@@ -270,7 +290,7 @@ def test_nothing_peaked_by_logit_std_alone_is_not_none(tmp_path) -> None:
     kinds = {(0, h): "diffuse" for h in range(3)}
     make_run(tmp_path, 1, 3, STEPS, seed=15, kinds=kinds, lm_head_kind="diffuse",
              peaked_entropy=False)
-    b = fit_run(tmp_path, n_boot=50).verdict["bottleneck"]
+    b = fit_run(tmp_path, FitConfig(n_boot=50)).verdict["bottleneck"]
     assert b["verdict"] == vocab.BOTTLENECK_UNDETERMINED and "no peaked_entropy" in b["reason"]
 
 
@@ -283,7 +303,7 @@ def test_many_null_heads_do_not_make_a_verdict(tmp_path) -> None:
     truth = make_run(tmp_path, 4, 10, STEPS, seed=11, kinds=kinds, head_gains=head_gains,
                      gain_groups=False, gain_noise=0.05, lm_head_kind="diffuse",
                      gains="attention")
-    rf = fit_run(tmp_path, n_boot=NB)
+    rf = fit_run(tmp_path, FitConfig(n_boot=NB))
     gains = rf.table[(rf.table["fit"] == "gain") & (rf.table["site_kind"] == vocab.ATTN)]
     assert (gains["p_share"] <= vocab.FDR).sum() >= 2  # what a count without control sees
     assert not (gains["q_share"] <= vocab.FDR).any()
@@ -298,11 +318,11 @@ def test_pythia_default_window_and_user_steps(tmp_path) -> None:
     for start in (512, 256):
         run = tmp_path / str(start)
         make_run(run, 1, 3, steps, seed=9, family="pythia", fit_start_step=start)
-        rf = fit_run(run, n_boot=50)
+        rf = fit_run(run, FitConfig(n_boot=50))
         want = min(s for s in steps if s >= start)
         assert rf.step_min == want and rf.verdict["window"]["step_min"] == want
         assert rf.verdict["window"]["start_rule"] == f"manifest fit_start_step {start}"
-    rf = fit_run(run, n_boot=50, t_min_step=2000, t_max_step=100000)
+    rf = fit_run(run, FitConfig(n_boot=50, t_min_step=2000, t_max_step=100000))
     assert (rf.step_min, rf.step_max) == (2000, max(s for s in steps if s <= 100000))
     assert rf.verdict["window"]["start_rule"] == "user"
 
@@ -310,7 +330,7 @@ def test_pythia_default_window_and_user_steps(tmp_path) -> None:
 def test_loss_scan_flags_drift(tmp_path) -> None:
     # L = 2 + c t^-1/3 + c2 t^-1: the fast term dominates early, so alpha(t_min) falls
     make_run(tmp_path / "drift", 1, 3, STEPS, seed=10, loss_c2=200.0, loss_noise=0.002)
-    rf = fit_run(tmp_path / "drift", n_boot=NB)
+    rf = fit_run(tmp_path / "drift", FitConfig(n_boot=NB))
     scan = rf.verdict["loss_scan"]
     assert scan["drift"] and "loss_alpha_drift" in rf.verdict["flags"]
     assert scan["rows"][0]["alpha"] > scan["rows"][-1]["alpha"]
@@ -318,7 +338,7 @@ def test_loss_scan_flags_drift(tmp_path) -> None:
     for r in scan["rows"]:
         assert r["n_points"] >= 10 and 30 * r["t_min"] <= rf.t_max
     make_run(tmp_path / "pure", 1, 3, STEPS, seed=10, loss_noise=0.002)
-    rf = fit_run(tmp_path / "pure", n_boot=NB)
+    rf = fit_run(tmp_path / "pure", FitConfig(n_boot=NB))
     assert not rf.verdict["loss_scan"]["drift"] and len(rf.verdict["loss_scan"]["rows"]) >= 3
 
 
@@ -327,7 +347,7 @@ def test_duplicates_are_excluded_and_spikes_flagged(tmp_path) -> None:
     dup, spike = window[3], STEPS[-15]  # an early checkpoint serving the final weights
     make_run(tmp_path, 1, 3, STEPS, seed=12, duplicates={f"step{dup}": f"step{STEPS[-1]}"},
              spikes={spike: 1.06}, loss_noise=0.002)
-    rf = fit_run(tmp_path, n_boot=NB)
+    rf = fit_run(tmp_path, FitConfig(n_boot=NB))
     doc = rf.verdict
     assert [e["revision"] for e in doc["excluded"]] == [f"step{dup}"]
     assert doc["excluded"][0]["duplicates"] == [f"step{STEPS[-1]}"]
@@ -336,42 +356,42 @@ def test_duplicates_are_excluded_and_spikes_flagged(tmp_path) -> None:
     assert {"excluded_duplicates", "loss_spike"} <= set(doc["flags"])
     assert abs(doc["loss"]["alpha"] - THIRD) < 0.02
     (tmp_path / vocab.INTEGRITY).unlink()  # without the integrity file the copy is fitted
-    kept = fit_run(tmp_path, n_boot=20)
+    kept = fit_run(tmp_path, FitConfig(n_boot=20))
     assert kept.n_points == len(window) and kept.verdict["excluded"] == []
     assert dup in [s["step"] for s in kept.verdict["spikes"]]  # the copy dips below both
 
 
 def test_band_option_changes_the_verdict(planted, tmp_path) -> None:
     truth, rf = planted
-    narrow = fit_run(truth.run_dir, n_boot=NB, seed=3, band=(0.333, 0.334))
+    narrow = fit_run(truth.run_dir, FitConfig(n_boot=NB, seed=3, band=(0.333, 0.334)))
     assert narrow.verdict["band"] == [0.333, 0.334]
     assert narrow.verdict["loss"]["verdict"] == vocab.INCONCLUSIVE
     assert (narrow.table["band_lo"] == 0.333).all()
     assert "band [0.333, 0.334]" in format_fits(narrow)
     with pytest.raises(PeakprobeError, match="must contain 1/3"):
-        fit_run(truth.run_dir, n_boot=10, band=(0.4, 0.5))
-    fit_run(truth.run_dir, n_boot=NB, seed=3)  # leave the module fixture's files as they were
+        fit_run(truth.run_dir, FitConfig(n_boot=10, band=(0.4, 0.5)))
+    fit_run(truth.run_dir, FitConfig(n_boot=NB, seed=3))  # leave the module fixture's files as they were
 
 
 def test_failed_checkpoints_are_flagged(tmp_path) -> None:
     make_run(tmp_path, 1, 3, STEPS, seed=13)
     results.append_failure(tmp_path, {"revision": "step99999", "error": "boom"})
-    assert "failed_checkpoints" in fit_run(tmp_path, n_boot=20).verdict["flags"]
+    assert "failed_checkpoints" in fit_run(tmp_path, FitConfig(n_boot=20)).verdict["flags"]
 
 
 def test_unknown_tau_falls_back_to_steps(tmp_path) -> None:
     make_run(tmp_path, 1, 3, STEPS, seed=5, with_tau=False)
-    rf = fit_run(tmp_path, n_boot=50)
+    rf = fit_run(tmp_path, FitConfig(n_boot=50))
     assert rf.time_axis == "step" and (rf.table["time_axis"] == "step").all()
     with pytest.raises(FitError, match="time_axis='step'"):
-        fit_run(tmp_path, time_axis="tau", n_boot=50)
+        fit_run(tmp_path, FitConfig(time_axis="tau", n_boot=50))
     with pytest.raises(PeakprobeError, match="time axis must be"):
-        fit_run(tmp_path, time_axis="tokens", n_boot=50)
+        fit_run(tmp_path, FitConfig(time_axis="tokens", n_boot=50))
 
 
 def test_explicit_window_is_respected(tmp_path) -> None:
     make_run(tmp_path, 1, 3, STEPS, seed=6)
-    rf = fit_run(tmp_path, t_min=30.0, t_max=3000.0, n_boot=50)
+    rf = fit_run(tmp_path, FitConfig(t_min=30.0, t_max=3000.0, n_boot=50))
     expected = [s for s in STEPS if 30 <= s <= 3000]
     assert rf.n_points == len(expected)
     assert (rf.table["t_min"] >= 30.0).all() and (rf.table["t_max"] <= 3000.0).all()
@@ -382,12 +402,12 @@ def test_too_few_checkpoints_skip_the_fits_that_need_more(tmp_path) -> None:
     """Three checkpoints in the window: the growth and loss fits are skipped and listed with the
     option that widens the window; one checkpoint: nothing can be fitted, a clear error."""
     make_run(tmp_path, 1, 3, (0, 10, 100, 1000, 10000), seed=7)
-    rf = fit_run(tmp_path, n_boot=50)
+    rf = fit_run(tmp_path, FitConfig(n_boot=50))
     assert [(s["fit"], s["n_points"]) for s in rf.skipped] == [("growth", 3), ("loss", 3)]
     assert all("--t-min-step 10" in s["reason"] for s in rf.skipped)
     assert rf.loss is None and rf.verdict["skipped"] == rf.skipped
     with pytest.raises(FitError, match="only 1 checkpoints fall in the fit window"):
-        fit_run(tmp_path, n_boot=50, t_min_step=10000)
+        fit_run(tmp_path, FitConfig(n_boot=50, t_min_step=10000))
 
 
 def test_missing_points_are_dropped_not_fatal(tmp_path) -> None:
@@ -397,7 +417,7 @@ def test_missing_points_are_dropped_not_fatal(tmp_path) -> None:
     frame = pq.read_table(victim).to_pandas()
     frame = frame[~((frame["metric"] == "logit_std") & (frame["head"] == 0))]
     results.write_checkpoint(tmp_path, f"step{STEPS[-3]}", pd.DataFrame(frame))
-    rf = fit_run(tmp_path, n_boot=50)
+    rf = fit_run(tmp_path, FitConfig(n_boot=50))
     row = _row(rf.table, "growth", vocab.ATTN, 0, 0, "logit_std")
     assert "dropped_points" in row["flags"] and row["n_points"] == rf.n_points - 1
     assert abs(row["alpha"] - THIRD) < 1e-6

@@ -29,6 +29,7 @@ import pytest
 from synthetic import make_run
 
 from peakprobe import results, vocab
+from peakprobe.config import FitConfig
 from peakprobe.fits import fit_run
 from peakprobe.fits.third import judge_third
 from peakprobe.reports import (
@@ -55,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _fitted(run_dir: Path, **kw):
     """A raw synthetic run fitted by the real fit_run; returns what was planted."""
     planted = make_run(run_dir, **kw)
-    fit_run(run_dir, n_boot=N_BOOT)
+    fit_run(run_dir, FitConfig(n_boot=N_BOOT))
     return planted
 
 

@@ -14,8 +14,11 @@ bracket; downhill while no bracket exists, one extrapolation step and then the b
 until the parabola's vertex lies within ``xtol`` of the best point or promises less than
 ``ftol``, or the bracket's ends lie within ``ftol`` of the best point; a best point on a bound is
 checked once against the point ``delta`` inside it; then both bounds are evaluated and the
-search continues from a bound that is lower. The search never
-leaves [lo, hi]; a minimum on a bound is reported as such (``at_bound``), its gain a lower bound.
+search continues from a bound that is lower. A minimum still on a bound moves that bound out
+(doubling it, up to ``EXTEND_LIMIT`` in |log beta|) and the search goes on from the points it
+has, so an optimum just past a bound, or between the bound and the point ``delta`` inside it,
+is found as an interior one to ``xtol``. A minimum on the last bound is reported as such
+(``at_bound``), its gain a lower bound (a softmax whose loss falls all the way to beta -> inf).
 With ``rtol`` it stops once a parabola promises less than that fraction of the gain found.
 
 ``screened_search`` (single heads): one evaluation at x = -sign(g0) * ``SCREEN_POINT`` decides
@@ -33,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 LOG_BETA_BOUNDS = (-3.0, 3.0)
+EXTEND_LIMIT = 12.0  # |log beta| a search on a bound extends to (doubling that bound each time)
 DELTA = 0.05  # the first step, and the span of the secant curvature
 SCREEN_POINT = 1.5  # |log beta| of a head's screening evaluation, downhill: half way to the bound
 SCREEN_FLAG = 0.5  # a head is searched where its screen promises this fraction of the floor
@@ -186,6 +190,7 @@ def minimize_log_beta(
     max_evals: int = MAX_EVALS, scan: tuple[float, ...] = (), check_bounds: bool = True,
     rtol: float = 0.0, known: dict[float, float] | None = None,
     concave_factor: float | None = None, start: float | None = None,
+    extend_to: float = EXTEND_LIMIT,
 ) -> SearchResult:
     """Minimise f over x in ``bounds`` starting from f(0) = f0, f'(0) = g0 (see the module doc).
 
@@ -199,7 +204,37 @@ def minimize_log_beta(
     ``concave_factor``: where the secant curvature is <= 0, go on to x1 * concave_factor instead
     of straight to the downhill bound (a basin between x1 and the bound is then not jumped over).
     ``start``: the first point (instead of one step downhill), e.g. where a cheaper look at the
-    curve puts the minimum; the secant curvature then spans [0, start]."""
+    curve puts the minimum; the secant curvature then spans [0, start].
+    ``extend_to``: how far in |log beta| a bound the minimum sits on moves out (the module doc);
+    at most the given bounds' magnitude disables it."""
+    r = _bounded_search(f, f0, g0, delta=delta, bounds=bounds, xtol=xtol, ftol=ftol,
+                        max_evals=max_evals, scan=scan, check_bounds=check_bounds, rtol=rtol,
+                        known=known, concave_factor=concave_factor, start=start)
+    pts, h = r
+    lo, hi = bounds
+    while True:
+        best = min(pts, key=pts.get)
+        xs = sorted(pts)
+        at_bound = best in (lo, hi) and best in (xs[0], xs[-1])
+        spent = len(pts) - 1 - len(known or {})
+        if not at_bound or abs(best) >= extend_to or spent >= max_evals:
+            break
+        lo, hi = (max(2 * lo, -extend_to), hi) if best == lo else (lo, min(2 * hi, extend_to))
+        pts, _ = _bounded_search(f, f0, g0, delta=delta, bounds=(lo, hi), xtol=xtol, ftol=ftol,
+                                 max_evals=max_evals - spent, scan=(lo if best == lo else hi,),
+                                 check_bounds=False, rtol=rtol, concave_factor=None, start=best,
+                                 known={x: v for x, v in pts.items() if x != 0.0})
+    n_evals = len(pts) - 1 - len({x for x in (known or {}) if x != 0.0})
+    return SearchResult(best, pts[best], f0, g0, h, n_evals, at_bound, False)
+
+
+def _bounded_search(f: Callable[[float], float], f0: float, g0: float, *, delta: float,
+                    bounds: tuple[float, float], xtol: float, ftol: float, max_evals: int,
+                    scan: tuple[float, ...], check_bounds: bool, rtol: float,
+                    known: dict[float, float] | None, concave_factor: float | None,
+                    start: float | None) -> tuple[dict[float, float], float]:
+    """The search within fixed ``bounds``: every point it evaluated (x -> f(x), 0 and ``known``
+    included) and the secant curvature over its first step."""
     lo, hi = bounds
     pts: dict[float, float] = {0.0: f0, **(known or {})}
     spent = len(pts) - 1
@@ -215,8 +250,7 @@ def minimize_log_beta(
     if g0 == 0 and pts[x1] >= f0 and not scan:  # flat at 0: look the other way once
         xm = ev(-x1)
         if pts[xm] >= f0:
-            h = (pts[x1] + pts[xm] - 2 * f0) / (x1 * x1)
-            return SearchResult(0.0, f0, f0, g0, h, len(pts) - 1 - spent, False, False)
+            return pts, (pts[x1] + pts[xm] - 2 * f0) / (x1 * x1)
     for x in scan:
         ev(x)
     # Newton from the secant curvature; concave at 0: straight to the downhill bound (or on by
@@ -242,10 +276,7 @@ def minimize_log_beta(
         if min(pts.values()) >= best:
             break
         u = None
-    best = min(pts, key=pts.get)
-    xs = sorted(pts)
-    at_bound = best in (lo, hi) and best in (xs[0], xs[-1])
-    return SearchResult(best, pts[best], f0, g0, h, len(pts) - 1 - spent, at_bound, False)
+    return pts, h
 
 
 def screened_search(

@@ -227,7 +227,8 @@ def _demo_run(args, command):
 
 
 TOYS = ("peaked", "linear", "planted")
-PLANTED_TASKS = ("lm_head", "attention", "lag_copy", "teacher_attention")
+PLANTED_TASKS = ("lm_head", "attention", "lag_copy", "teacher_attention", "trained_qk", "blind_spot",
+                 "trained_lm_head")
 
 
 def _toy_add(p):

@@ -1,11 +1,24 @@
 """Peakedness of sites, site classes, and the bottleneck verdict from the gains.
 
-Peaked (at the fitted window's last checkpoint): a site is peaked when, by either criterion,
-at least PEAKED_FRACTION of its rows are: ``peaked`` (logit std > sqrt(2 ln n)) or
-``peaked_entropy`` (the entropy-equivalent inverse temperature beta_eff > sqrt(2 ln n)). For
-attention heads the ``_xsink`` statistics (the sink key left out) replace the raw flags when the
-results carry them, so a head parked on the sink does not count as peaked. An `attn_layer`
-group or `attn_all` is peaked when one of its heads is.
+Peaked (at the fitted window's last checkpoint): a site is peaked when at least
+PEAKED_FRACTION of its rows are ``peaked_entropy``: the entropy-equivalent inverse temperature
+beta_eff > sqrt(2 ln n), whose meaning is "the distribution is concentrated". The logit-std flag
+``peaked`` is used only for results that lack ``peaked_entropy``: a softmax that has learned to
+rule tokens out (logits far below the rest) has a large logit std at an entropy near uniform
+over the tokens it still considers, and is not peaked. For attention heads the ``_xsink``
+statistics (the sink key left out) replace the raw flags when the results carry them, so a head
+parked on the sink does not count as peaked. An `attn_layer` group or `attn_all` is peaked when
+one of its heads is.
+
+Gain shares (`drop_shares`, `floor_share`): a gain site's ``share`` is the share of the loss
+*decrease* over the window that the gain's decrease explains, the least-squares slope of G on L
+across the window's checkpoints: (G(t1) - G(t2)) / (L(t1) - L(t2)) for two points. It needs no
+fitted floor (a free-floor loss law that buys late curvature with a low L0 inflates L - L0
+several-fold). Its interval resamples the checkpoints (pairs of G and L); its p-value is the
+one-sided normal tail of "share <= GAIN_SHARE_MIN" with the bootstrap standard error, and
+Benjamini-Hochberg runs within three families (heads; layer groups; attn_all and the LM head).
+``share_floor`` = G(t_end) / (L - L0)(t_end), both read off their fitted laws, with a paired
+bootstrap interval, is reported beside it and decides nothing.
 
 Site class (heads and the LM head), from the late logit_std fit (the power law refitted on the
 second half of the window in log time) and a multiple-comparison control over sites:
@@ -25,8 +38,11 @@ Bottleneck verdict (`decide`), in this order:
 3. no `gain` metric in the results: ``undetermined`` (the verdict is never guessed from the
    sign of a sensitivity); no loss-law fit (no L - L0): ``undetermined``;
 4. the candidate kinds are the peaked kinds with a significant gain share: some peaked site
-   of the kind has G / (L - L0) > GAIN_SHARE_MIN at the window's end, a BH discovery at level
-   FDR within its family (heads; layer groups; whole kinds); none: ``undetermined``;
+   of the kind explains more than GAIN_SHARE_MIN of the loss decrease over the window, a BH
+   discovery at level FDR within its family (heads; layer groups; whole kinds); none:
+   ``undetermined``, and when attention is peaked and its gain small the reason says that the
+   gain sees only a temperature-limited softmax (the 1/3 mechanism) and not a head limited by
+   which keys it ranks first;
 5. among the candidates, the kind whose gain decays slowest (smallest alpha_gain; ties by the
    larger share) is the verdict: ``attention`` or ``lm_head``.
 
@@ -43,21 +59,93 @@ import pandas as pd
 
 from peakprobe import vocab
 
+from .common import bh_qvalues, bootstrap_draws, p_at_most, percentile_interval
+
 N_TOP_SITES = 10
+#: the families of gain-share tests, each under its own Benjamini-Hochberg control
+SHARE_FAMILIES = ((vocab.ATTN,), (vocab.ATTN_LAYER,), (vocab.ATTN_ALL, vocab.LM_HEAD))
+#: a gain site's share columns: the verdict's (of the loss decrease) and the one of L - L0
+SHARE_KEYS = ("share", "share_lo", "share_hi", "p_share", "share_floor", "share_floor_lo",
+              "share_floor_hi")
+SHARE_OF = "the loss decrease over the window"
+RANKING_LIMIT = ("the gain sees only a softmax whose ranking is right and whose temperature is "
+                 "too low (the 1/3 mechanism's claim); a head limited by which keys it ranks "
+                 "first is outside what it measures")
 KIND_NAMES = {vocab.BOTTLENECK_ATTENTION: "attention", vocab.BOTTLENECK_LM_HEAD: "the LM head"}
 NOT_PEAKED = "no softmax is peaked: the 1/3 mechanism does not apply"
 
 
 def peaked_criteria(site_kind: str, available: set[str]) -> list[str]:
-    """The peakedness flags used for a site kind, given the metric names the results hold."""
-    out = []
-    for base in (vocab.PEAKED, vocab.PEAKED_ENTROPY):
+    """The peakedness flag used for a site kind, given the metric names the results hold:
+    beta_eff's ``peaked_entropy`` where measured, else the logit-std ``peaked``."""
+    for base in (vocab.PEAKED_ENTROPY, vocab.PEAKED):
         names = [base + vocab.XSINK_SUFFIX, base] if site_kind == vocab.ATTN else [base]
         for name in names:
             if name in available:
-                out.append(name)
-                break
+                return [name]
+    return []
+
+
+def drop_shares(gains: np.ndarray, loss: np.ndarray, n_boot: int, seed: int) -> dict[str, np.ndarray]:
+    """Each gain series' share of the loss decrease over the window: the least-squares slope of
+    G (S, n) on L (n,) over the checkpoints where both are finite, with its percentile interval
+    and p-value from ``n_boot`` resamples of the checkpoints. Returns share, share_lo, share_hi,
+    p_share, each (S,); NaN where fewer than 3 points or L does not vary."""
+    n_sites = len(gains)
+    out = {k: np.full(n_sites, np.nan) for k in ("share", "share_lo", "share_hi", "p_share")}
+    if n_sites == 0 or loss.size != gains.shape[1]:
+        return out
+    for s in range(n_sites):
+        ok = np.isfinite(gains[s]) & np.isfinite(loss)
+        if ok.sum() < 3:
+            continue
+        g, x = gains[s][ok], loss[ok]
+        share = _slope(x[None, :], g[None, :])[0]
+        if not math.isfinite(share):
+            continue
+        out["share"][s] = share
+        pick, _ = bootstrap_draws(len(x), n_boot, seed)  # (B, m) resampled checkpoints
+        boot = _slope(x[pick], g[pick])
+        boot = boot[np.isfinite(boot)]
+        if boot.size >= 2:
+            lo, hi = percentile_interval(boot, vocab.CI_LEVEL)
+            out["share_lo"][s], out["share_hi"][s] = float(lo), float(hi)
+            out["p_share"][s] = float(p_at_most(np.array([share]), boot[None, :],
+                                                vocab.GAIN_SHARE_MIN)[0])
     return out
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least-squares slopes of rows y on rows x, both (B, m); NaN where x does not vary."""
+    xc = x - x.mean(axis=1, keepdims=True)
+    sxx = (xc * xc).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(sxx > 0, (xc * (y - y.mean(axis=1, keepdims=True))).sum(axis=1) / sxx,
+                        np.nan)
+
+
+def floor_share(fit: dict, boot, loss_fit, loss_boot, t_end: float) -> dict[str, float]:
+    """G(t_end) / (L - L0)(t_end) from the gain's fit ``fit`` (alpha: decay exponent) and the
+    loss law, with the paired bootstrap interval (``boot``: the gain fit's (icept, slope, xbar))."""
+    out = {"share_floor": math.nan, "share_floor_lo": math.nan, "share_floor_hi": math.nan}
+    if "alpha" not in fit or loss_fit is None:
+        return out
+    r_end = loss_fit.c * t_end ** -loss_fit.alpha
+    out["share_floor"] = fit["c"] * t_end ** -fit["alpha"] / r_end
+    if boot is not None and loss_boot is not None:
+        g_end = np.exp(boot[0] + boot[1] * (math.log(t_end) - boot[2]))  # (B,)
+        lo, hi = percentile_interval(g_end / loss_boot.reducible_at(t_end), vocab.CI_LEVEL)
+        out["share_floor_lo"], out["share_floor_hi"] = float(lo), float(hi)
+    return out
+
+
+def share_qvalues(sites: pd.DataFrame) -> np.ndarray:
+    """BH q-values of the sites' share p-values within each of SHARE_FAMILIES."""
+    q = np.full(len(sites), np.nan)
+    for family in SHARE_FAMILIES:
+        rows = np.flatnonzero(sites["site_kind"].isin(family).to_numpy())
+        q[rows] = bh_qvalues(sites["p_share"].to_numpy(dtype=float)[rows])
+    return q
 
 
 def is_peaked(values: dict[str, float], criteria: list[str]) -> bool | None:
@@ -89,9 +177,9 @@ def _num(v: float | None) -> str:
 def describe_kind(name: str, k: dict) -> str:
     """One sentence about a kind's gain share and exponents."""
     return (
-        f"{KIND_NAMES.get(name, name)} carries {_pct(k['share'])} "
-        f"[{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] of L - L0 at the end of the window "
-        f"(gain of {k['site']}); "
+        f"{KIND_NAMES.get(name, name)}'s gain explains {_pct(k['share'])} "
+        f"[{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] of {SHARE_OF} "
+        f"(gain of {k['site']}; {_pct(k.get('share_floor'))} of L - L0 at the window's end); "
         f"its gain decays as t^-{_num(k['alpha_gain'])} [{_num(k['alpha_gain_lo'])}, "
         f"{_num(k['alpha_gain_hi'])}] -> {k['gain_verdict']}; its logit_std grows as "
         f"t^{_num(k['alpha_growth'])} [{_num(k['alpha_growth_lo'])}, "
@@ -101,7 +189,7 @@ def describe_kind(name: str, k: dict) -> str:
 
 def decide(kinds: dict[str, dict], *, has_peaked_metric: bool, has_gain: bool, has_loss: bool,
            has_entropy_criterion: bool = True, fdr: float = vocab.FDR,
-           share_min: float = vocab.GAIN_SHARE_MIN) -> tuple[str, str]:
+           share_min: float = vocab.GAIN_SHARE_MIN, floor_doubtful: bool = False) -> tuple[str, str]:
     """(verdict, reason) from the per-kind blocks of fits.json (module docstring)."""
     peaked = [name for name, k in kinds.items() if k["peaked"]]
     counts = "; ".join(f"{KIND_NAMES.get(n, n)}: {k['n_peaked']} of {k['n_sites']} sites peaked"
@@ -127,9 +215,11 @@ def decide(kinds: dict[str, dict], *, has_peaked_metric: bool, has_gain: bool, h
             "no loss-law fit, so no L - L0 to share the gains of")
     cands = [n for n in peaked if kinds[n].get("significant")]
     if not cands:
+        limit = f"; {RANKING_LIMIT}" if vocab.BOTTLENECK_ATTENTION in peaked else ""
         return vocab.BOTTLENECK_UNDETERMINED, (
-            f"no peaked softmax carries a significant share of L - L0 (> {share_min:g}, "
-            f"Benjamini-Hochberg at {fdr:g} over the gain sites) ({counts})")
+            f"no peaked softmax's gain explains a significant share of {SHARE_OF} "
+            f"(> {share_min:g}, Benjamini-Hochberg at {fdr:g} over the gain sites){limit} "
+            f"({counts})")
 
     def key(n: str) -> tuple[float, float]:
         a = kinds[n].get("alpha_gain")
@@ -142,6 +232,9 @@ def decide(kinds: dict[str, dict], *, has_peaked_metric: bool, has_gain: bool, h
     others = [n for n in cands if n != best]
     if others:
         reason += f"; it decays slower than {KIND_NAMES.get(others[0], others[0])}"
+    if floor_doubtful:
+        reason += ("; the loss law's floor L0 is unreliable (drift or a bound), so the share "
+                   "of L - L0 is not used")
     return best, reason + f" ({counts})"
 
 

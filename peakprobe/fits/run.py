@@ -11,14 +11,15 @@ with fewer than 4 usable points gets a row of NaNs flagged ``no_fit``. The loss 
 to the LM head's `loss`.
 
 Gain fits: G = c t^-alpha for every site whose results carry vocab.GAIN; ``alpha`` is the decay
-exponent (positive when G falls). The share of a gain site is G(t_end) / (L - L0)(t_end), both
-read off their fitted laws at the window's last checkpoint, with a bootstrap interval (the gain
-and loss refits paired by index) and a one-sided p-value of "share <= GAIN_SHARE_MIN" (normal
-tail on log share with the bootstrap standard error). "Still growing" is the one-sided p-value
-of "late logit_std alpha <= GROWTH_FLOOR" (late fit: second half of the window in log time, at
-least 6 checkpoints), likewise. Growth p-values get Benjamini-Hochberg q-values over all sites
-with a logit_std; share p-values within three families (heads; layer groups; the whole-kind
-sites attn_all and the LM head); see `classify`.
+exponent (positive when G falls). Each gain site's share of the loss decrease over the window
+(the verdict's) and of L - L0 at the window's end (beside it) are `classify`'s, as are the
+Benjamini-Hochberg families. "Still growing" is the one-sided p-value of "late logit_std alpha
+<= GROWTH_FLOOR" (late fit: second half of the window in log time, at least 6 checkpoints),
+with Benjamini-Hochberg q-values over all sites with a logit_std.
+
+`fit_run` is a pipeline of named stages: `_load_and_window`, `_growth_fits`, `_late_fits`,
+`_loss_fit`, `_gain_shares`, then the per-site table (`_sites`, `_kinds`, `_table`) and the
+document (`_document`).
 
 Three-way verdicts (`third.judge_third`, band ``band``) are given for the loss, every gain and
 every logit-magnitude growth (vocab.MAGNITUDE_METRICS). first_value / final_value are the run's
@@ -33,7 +34,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,7 @@ from peakprobe.config import FitConfig
 from peakprobe.results import FITS_SCHEMA
 
 from . import classify, window
-from .common import FEW_POINTS, FitError, bh_qvalues, p_at_most, percentile_interval
+from .common import FEW_POINTS, FitError, bh_qvalues, p_at_most
 from .growth import MIN_POINTS, fit_power_law_boot
 from .loss import MIN_POINTS as LOSS_MIN_POINTS
 from .loss import LossFit, fit_loss_law_boot
@@ -56,8 +57,6 @@ LATE_MIN_POINTS = 6
 SERIES_PER_BATCH = 64
 KEYS = ["site_kind", "layer", "head", "metric"]
 SITE_KEYS = ["site_kind", "layer", "head"]
-#: the families of gain-share tests, each under its own Benjamini-Hochberg control
-SHARE_FAMILIES = ((vocab.ATTN,), (vocab.ATTN_LAYER,), (vocab.ATTN_ALL, vocab.LM_HEAD))
 
 
 @dataclass
@@ -128,18 +127,90 @@ def _fit_series(t: np.ndarray, y: np.ndarray, n_boot: int, seed: int, progress: 
     return out, boots
 
 
-def fit_run(run_dir: str | os.PathLike, config: FitConfig | None = None, *, progress: bool = False,
-            **overrides) -> RunFits:
+@dataclass
+class _Frame:
+    """A run's results over its checkpoints, windowed: what every fitting stage reads."""
+
+    run_dir: Path
+    manifest: dict
+    axis: str
+    win: window.Window
+    revisions: np.ndarray  # (T_all,) each checkpoint's revision
+    steps_all: np.ndarray  # (T_all,) every kept checkpoint's step
+    keep: np.ndarray  # (T_all,) bool, the fit window
+    t: np.ndarray  # (n,) the window's times
+    values: np.ndarray  # (R, T_all) every metric of every site over the checkpoints
+    keys: pd.DataFrame  # (R,) site_kind, layer, head, metric
+    excluded: list[dict]
+    skipped: list[dict]
+    positive: np.ndarray  # steps with a positive time
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.steps_all[self.keep]
+
+    @property
+    def site_of(self) -> list[tuple]:
+        k = self.keys
+        return list(zip(k["site_kind"], k["layer"], k["head"], strict=True))
+
+    @property
+    def metric(self) -> np.ndarray:
+        return self.keys["metric"].to_numpy()
+
+    def rows(self, metric: str) -> np.ndarray:
+        return np.flatnonzero(self.metric == metric)
+
+    def at_last(self) -> dict[tuple, dict[str, float]]:
+        """Per site, every metric's value at the window's last checkpoint."""
+        col = self.values[:, int(np.flatnonzero(self.steps_all == self.steps[-1])[0])]
+        out: dict[tuple, dict[str, float]] = {}
+        for site, name, v in zip(self.site_of, self.metric, col, strict=True):
+            out.setdefault(site, {})[name] = float(v)
+        return out
+
+
+@dataclass
+class _LossStage:
+    """The loss-law fit and its bootstrap, and the LM head's loss series over the window."""
+
+    fit: LossFit | None = None
+    boot: object = None
+    series: np.ndarray = field(default_factory=lambda: np.array([]))  # (n,) or empty
+
+
+def fit_run(run_dir: str | os.PathLike, config: FitConfig | None = None, *,
+            progress: bool = False) -> RunFits:
     """Fit a run directory and write RUN/fits.parquet and RUN/fits.json (module docstring).
 
-    ``config`` (default ``FitConfig()``), with any of its fields replaced by ``overrides``
-    (``fit_run(run, n_boot=200)``). A fit whose window holds too few points is skipped and
-    listed in ``RunFits.skipped`` (and fits.json's ``skipped``); the others still run."""
-    config = replace(config or FitConfig(), **overrides)
-    band, n_boot, seed = config.band, config.n_boot, config.seed
-    time_axis, t_min, t_max = config.time_axis, config.t_min, config.t_max
-    t_min_step, t_max_step = config.t_min_step, config.t_max_step
-    run_dir = Path(run_dir)
+    A fit whose window holds too few points is skipped and listed in ``RunFits.skipped`` (and
+    fits.json's ``skipped``); the others still run."""
+    config = config or FitConfig()
+    frame = _load_and_window(Path(run_dir), config)
+    rows: list[dict] = []  # fits.parquet rows, before the per-site columns
+    growth_of = _growth_fits(frame, config, progress, rows)
+    late_of = _late_fits(frame, config, progress)
+    loss = _loss_fit(frame, config, rows)
+    gain_of = _gain_shares(frame, config, progress, rows, loss)
+    sites = _sites(sorted(set(frame.site_of)), frame.at_last(), set(frame.metric), late_of,
+                   gain_of, config.band)
+    attn_growth = _attention_growth(sites, frame, config.n_boot, config.seed)
+    kinds = _kinds(sites, growth_of, attn_growth, config.band)
+    table = _table(rows, sites, config.band, frame.axis)
+    doc = _document(frame, config, loss, sites, kinds)
+    results.write_parquet(frame.run_dir / results.FITS, table, FITS_SCHEMA)
+    results.write_json(frame.run_dir / results.FITS_JSON, doc)
+    t, steps = frame.t, frame.steps
+    return RunFits(
+        run_dir=frame.run_dir, model=str(frame.manifest.get("model", "")), time_axis=frame.axis,
+        t_min=float(t[0]), t_max=float(t[-1]), n_points=len(t), table=table, sites=sites,
+        loss=loss.fit, verdict=doc, band=config.band, step_min=int(steps[0]),
+        step_max=int(steps[-1]), excluded=frame.excluded, skipped=frame.skipped,
+    )
+
+
+def _load_and_window(run_dir: Path, config: FitConfig) -> _Frame:
+    """Read the results, drop flagged duplicates, choose the time axis and the window."""
     manifest = results.read_manifest(run_dir)
     df = results.read_results(run_dir)
     flagged = window.read_duplicates(run_dir)
@@ -148,118 +219,100 @@ def fit_run(run_dir: str | os.PathLike, config: FitConfig | None = None, *, prog
     if df.empty:
         raise FitError(f"every checkpoint of {run_dir} is flagged as a duplicate in integrity.json")
     ck = _checkpoints(df)
-    axis = window.time_axis(ck, time_axis)
-    win = window.choose(ck, axis, manifest, t_min=t_min, t_max=t_max, t_min_step=t_min_step,
-                        t_max_step=t_max_step)
-    keep = win.keep
+    axis = window.time_axis(ck, config.time_axis)
+    win = window.choose(ck, axis, manifest, t_min=config.t_min, t_max=config.t_max,
+                        t_min_step=config.t_min_step, t_max_step=config.t_max_step)
     steps_all = ck["step"].to_numpy()
-    t = ck[axis].to_numpy(dtype=float)[keep]
-    steps = steps_all[keep]
-    t_end = float(t[-1])
-    positive = steps_all[ck[axis].to_numpy(dtype=float) > 0]
-    skipped = []
-    if len(t) < MIN_POINTS:
-        skipped.append(window.skipped_fit(vocab.FIT_GROWTH, len(t), MIN_POINTS, steps, positive))
-
+    t_all = ck[axis].to_numpy(dtype=float)
     wide = df.pivot_table(index=KEYS, columns="step", values="value", aggfunc="first", sort=True)
     wide = wide.reindex(columns=steps_all)
-    values = wide.to_numpy(dtype=float)  # (R, T) every metric of every site over checkpoints
     keys = wide.index.to_frame(index=False)
     keys["layer"] = keys["layer"].astype(np.int64)
     keys["head"] = keys["head"].astype(np.int64)
-    site_of = list(zip(keys["site_kind"], keys["layer"], keys["head"], strict=True))
-    metric = keys["metric"].to_numpy()
-    last_col = values[:, int(np.flatnonzero(steps_all == steps[-1])[0])]
-    at_last: dict[tuple, dict[str, float]] = {}
-    for site, name, v in zip(site_of, metric, last_col, strict=True):
-        at_last.setdefault(site, {})[name] = float(v)
-    available = set(metric)
+    frame = _Frame(run_dir=run_dir, manifest=manifest, axis=axis, win=win,
+                   revisions=ck["revision"].to_numpy(), steps_all=steps_all, keep=win.keep,
+                   t=t_all[win.keep], values=wide.to_numpy(dtype=float), keys=keys,
+                   excluded=excluded, skipped=[], positive=steps_all[t_all > 0])
+    if len(frame.t) < MIN_POINTS:
+        frame.skipped.append(window.skipped_fit(vocab.FIT_GROWTH, len(frame.t), MIN_POINTS,
+                                                frame.steps, frame.positive))
+    return frame
 
-    rows = []  # fits.parquet rows, before the per-site columns
 
-    def add(fit: str, r: int, d: dict) -> None:
-        rows.append({"fit": fit, **keys.iloc[r].to_dict(), **d,
-                     "first_value": values[r, 0], "final_value": values[r, -1]})
+def _add(rows: list[dict], frame: _Frame, fit: str, r: int, d: dict) -> None:
+    """Append one fits.parquet row: the fit of row ``r``'s series."""
+    rows.append({"fit": fit, **frame.keys.iloc[r].to_dict(), **d,
+                 "first_value": frame.values[r, 0], "final_value": frame.values[r, -1]})
 
-    grow = np.flatnonzero(np.isin(metric, vocab.GROWTH_METRICS))
-    fits, _ = _fit_series(t, values[grow][:, keep], n_boot, seed, progress, "growth fits")
+
+def _growth_fits(frame: _Frame, config: FitConfig, progress: bool, rows: list[dict]) -> dict:
+    """Growth fits m = c t^alpha of vocab.GROWTH_METRICS; returns the logit_std fit per site."""
+    grow = np.flatnonzero(np.isin(frame.metric, vocab.GROWTH_METRICS))
+    fits, _ = _fit_series(frame.t, frame.values[grow][:, frame.keep], config.n_boot, config.seed,
+                          progress, "growth fits")
     for r, fit in zip(grow, fits, strict=True):
-        add(vocab.FIT_GROWTH, r, fit)
-    growth_of = {site_of[r]: fit for r, fit in zip(grow, fits, strict=True)
-                 if metric[r] == vocab.LOGIT_STD}
+        _add(rows, frame, vocab.FIT_GROWTH, r, fit)
+    site_of, metric = frame.site_of, frame.metric
+    return {site_of[r]: fit for r, fit in zip(grow, fits, strict=True)
+            if metric[r] == vocab.LOGIT_STD}
 
-    # late logit_std fits -> "still growing" p-values
-    std_rows = np.flatnonzero(metric == vocab.LOGIT_STD)
-    late_fits, late_boots = _fit_series(t[_late(t)], values[std_rows][:, keep][:, _late(t)],
-                                        n_boot, seed, progress, "late fits", keep_boot=True)
-    late_of = {}
-    for r, fit, boot in zip(std_rows, late_fits, late_boots, strict=True):
+
+def _late_fits(frame: _Frame, config: FitConfig, progress: bool) -> dict:
+    """Late logit_std fits (second half of the window in log time) and their "still growing"
+    p-values, per site."""
+    late = _late(frame.t)
+    std_rows = frame.rows(vocab.LOGIT_STD)
+    fits, boots = _fit_series(frame.t[late], frame.values[std_rows][:, frame.keep][:, late],
+                              config.n_boot, config.seed, progress, "late fits", keep_boot=True)
+    site_of, out = frame.site_of, {}
+    for r, fit, boot in zip(std_rows, fits, boots, strict=True):
         p = (float(p_at_most(np.array([fit["alpha"]]), boot[1][None, :], vocab.GROWTH_FLOOR)[0])
              if boot else math.nan)
-        late_of[site_of[r]] = {"alpha_late": fit.get("alpha", math.nan),
-                               "alpha_late_lo": fit.get("alpha_lo", math.nan),
-                               "alpha_late_hi": fit.get("alpha_hi", math.nan), "p_growing": p}
+        out[site_of[r]] = {"alpha_late": fit.get("alpha", math.nan),
+                           "alpha_late_lo": fit.get("alpha_lo", math.nan),
+                           "alpha_late_hi": fit.get("alpha_hi", math.nan), "p_growing": p}
+    return out
 
-    loss_fit, loss_boot, loss_row = None, None, None
-    lr = np.flatnonzero((metric == vocab.LOSS) & (keys["site_kind"].to_numpy() == vocab.LM_HEAD))
-    if len(lr):
-        loss_row = int(lr[0])
-        usable = int((np.isfinite(values[loss_row, keep]) & (values[loss_row, keep] > 0)).sum())
-        if usable < LOSS_MIN_POINTS:
-            skipped.append(window.skipped_fit(vocab.FIT_LOSS, usable, LOSS_MIN_POINTS, steps, positive))
-        else:
-            loss_fit, loss_boot = fit_loss_law_boot(t, values[loss_row, keep], n_boot=n_boot,
-                                                    seed=seed)
-            add(vocab.FIT_LOSS, loss_row, {**loss_fit.__dict__, "flags": ";".join(loss_fit.flags)})
 
-    # gain fits: G = c t^-alpha (alpha = minus the fitted slope) and shares of L - L0
-    gain_rows = np.flatnonzero(metric == vocab.GAIN)
-    gfits, gboots = _fit_series(t, values[gain_rows][:, keep], n_boot, seed, progress,
-                                "gain fits", keep_boot=True)
-    gain_of = {}
-    r_end = loss_fit.c * t_end ** -loss_fit.alpha if loss_fit is not None else math.nan
-    r_boot = loss_boot.reducible_at(t_end) if loss_boot is not None else None
-    for r, fit, boot in zip(gain_rows, gfits, gboots, strict=True):
+def _loss_fit(frame: _Frame, config: FitConfig, rows: list[dict]) -> _LossStage:
+    """The loss law L = L0 + c t^-alpha on the LM head's loss over the window."""
+    lr = np.flatnonzero((frame.metric == vocab.LOSS)
+                        & (frame.keys["site_kind"].to_numpy() == vocab.LM_HEAD))
+    if not len(lr):
+        return _LossStage()
+    row = int(lr[0])
+    series = frame.values[row, frame.keep]
+    usable = int((np.isfinite(series) & (series > 0)).sum())
+    if usable < LOSS_MIN_POINTS:
+        frame.skipped.append(window.skipped_fit(vocab.FIT_LOSS, usable, LOSS_MIN_POINTS,
+                                                frame.steps, frame.positive))
+        return _LossStage(series=series)
+    fit, boot = fit_loss_law_boot(frame.t, series, n_boot=config.n_boot, seed=config.seed)
+    _add(rows, frame, vocab.FIT_LOSS, row, {**fit.__dict__, "flags": ";".join(fit.flags)})
+    return _LossStage(fit, boot, series)
+
+
+def _gain_shares(frame: _Frame, config: FitConfig, progress: bool, rows: list[dict],
+                 loss: _LossStage) -> dict:
+    """Gain fits G = c t^-alpha (alpha: minus the fitted slope) and, per gain site, its share
+    of the loss decrease over the window (the verdict's) and its share of L - L0 at the end."""
+    gain_rows = frame.rows(vocab.GAIN)
+    gains = frame.values[gain_rows][:, frame.keep]  # (S, n)
+    fits, boots = _fit_series(frame.t, gains, config.n_boot, config.seed, progress, "gain fits",
+                              keep_boot=True)
+    drop = classify.drop_shares(gains, loss.series, config.n_boot, config.seed)
+    site_of, out = frame.site_of, {}
+    for i, (r, fit, boot) in enumerate(zip(gain_rows, fits, boots, strict=True)):
         if "alpha" in fit:
             fit = {**fit, "alpha": -fit["alpha"], "alpha_lo": -fit["alpha_hi"],
                    "alpha_hi": -fit["alpha_lo"]}
-        add(vocab.FIT_GAIN, r, fit)
-        share = lo = hi = p = math.nan
-        if "alpha" in fit and math.isfinite(r_end):
-            share = fit["c"] * t_end ** -fit["alpha"] / r_end
-            if boot is not None and r_boot is not None:
-                g_end = np.exp(boot[0] + boot[1] * (math.log(t_end) - boot[2]))  # (B,)
-                shares = g_end / r_boot
-                lo, hi = (float(v) for v in percentile_interval(shares, vocab.CI_LEVEL))
-                p = float(p_at_most(np.array([math.log(share)]), np.log(shares)[None, :],
-                                    math.log(vocab.GAIN_SHARE_MIN))[0])
-        gain_of[site_of[r]] = {"share": share, "share_lo": lo, "share_hi": hi, "p_share": p,
-                               "alpha_gain": fit.get("alpha", math.nan),
-                               "alpha_gain_lo": fit.get("alpha_lo", math.nan),
-                               "alpha_gain_hi": fit.get("alpha_hi", math.nan)}
-
-    sites = _sites(sorted(set(site_of)), at_last, available, late_of, gain_of, band)
-    attn_growth = _attention_growth(sites, values, site_of, metric, keep, t, n_boot, seed)
-    kinds = _kinds(sites, growth_of, attn_growth, band)
-    table = _table(rows, sites, band, axis)
-
-    loss_series = values[loss_row, keep] if loss_row is not None else np.array([])
-    spikes = window.spikes(loss_series, steps, t, ck["revision"].to_numpy()[keep])
-    scan = (window.loss_scan(t, loss_series, steps, loss_fit, n_boot=n_boot, seed=seed, band=band)
-            if loss_fit is not None else {"drift": False, "rows": []})
-    doc = _document(
-        axis=axis, band=band, win=win, t=t, steps=steps, excluded=excluded, spikes=spikes,
-        scan=scan, loss=loss_fit, sites=sites, kinds=kinds, available=available,
-        failures=bool(results.read_failures(run_dir)), skipped=skipped,
-    )
-    results.write_parquet(run_dir / results.FITS, table, FITS_SCHEMA)
-    results.write_json(run_dir / results.FITS_JSON, doc)
-    return RunFits(
-        run_dir=run_dir, model=str(manifest.get("model", "")), time_axis=axis,
-        t_min=float(t[0]), t_max=t_end, n_points=int(keep.sum()), table=table, sites=sites,
-        loss=loss_fit, verdict=doc, band=band, step_min=int(steps[0]), step_max=int(steps[-1]),
-        excluded=excluded, skipped=skipped,
-    )
+        _add(rows, frame, vocab.FIT_GAIN, r, fit)
+        floor = classify.floor_share(fit, boot, loss.fit, loss.boot, float(frame.t[-1]))
+        out[site_of[r]] = {**{k: float(v[i]) for k, v in drop.items()}, **floor,
+                           "alpha_gain": fit.get("alpha", math.nan),
+                           "alpha_gain_lo": fit.get("alpha_lo", math.nan),
+                           "alpha_gain_hi": fit.get("alpha_hi", math.nan)}
+    return out
 
 
 def _sites(site_keys: list[tuple], at_last: dict, available: set[str], late_of: dict,
@@ -274,9 +327,8 @@ def _sites(site_keys: list[tuple], at_last: dict, available: set[str], late_of: 
                "peaked": classify.is_peaked(at_last.get(site, {}), crit),
                "sensitivity": at_last.get(site, {}).get(vocab.SENSITIVITY, math.nan),
                **{k: math.nan for k in ("alpha_late", "alpha_late_lo", "alpha_late_hi",
-                                        "p_growing", "share", "share_lo", "share_hi",
-                                        "p_share", "alpha_gain", "alpha_gain_lo",
-                                        "alpha_gain_hi")},
+                                        "p_growing", *classify.SHARE_KEYS, "alpha_gain",
+                                        "alpha_gain_lo", "alpha_gain_hi")},
                **late_of.get(site, {}), **gain_of.get(site, {})}
         rec["gain_verdict"] = (judge_third(rec["alpha_gain_lo"], rec["alpha_gain_hi"], band)
                                if site in gain_of else "")
@@ -293,12 +345,7 @@ def _sites(site_keys: list[tuple], at_last: dict, available: set[str], late_of: 
             else:
                 sites.at[i, "peaked"] = any_head
     sites["q_growing"] = bh_qvalues(sites["p_growing"].to_numpy(dtype=float))
-    # BH within each family of gain sites: heads, layer groups, whole kinds (attn_all, LM head)
-    q = np.full(len(sites), np.nan)
-    for family in SHARE_FAMILIES:
-        rows = np.flatnonzero(sites["site_kind"].isin(family).to_numpy())
-        q[rows] = bh_qvalues(sites["p_share"].to_numpy(dtype=float)[rows])
-    sites["q_share"] = q
+    sites["q_share"] = classify.share_qvalues(sites)
     sites["site_class"] = [
         classify.classify(p, q) if k in (vocab.ATTN, vocab.LM_HEAD) and math.isfinite(a) else ""
         for k, p, q, a in zip(sites["site_kind"], sites["peaked"], sites["q_growing"],
@@ -307,8 +354,7 @@ def _sites(site_keys: list[tuple], at_last: dict, available: set[str], late_of: 
     return sites
 
 
-def _attention_growth(sites: pd.DataFrame, values: np.ndarray, site_of: list, metric: np.ndarray,
-                      keep: np.ndarray, t: np.ndarray, n_boot: int, seed: int) -> dict | None:
+def _attention_growth(sites: pd.DataFrame, frame: _Frame, n_boot: int, seed: int) -> dict | None:
     """Growth of the mean logit_std over the concentrating heads, else the peaked heads, else
     all heads."""
     heads = sites[sites["site_kind"] == vocab.ATTN]
@@ -319,14 +365,14 @@ def _attention_growth(sites: pd.DataFrame, values: np.ndarray, site_of: list, me
     pick, of = ((conc, "concentrating heads") if len(conc) else
                 (peaked, "peaked heads") if len(peaked) else (heads, "heads"))
     chosen = {(vocab.ATTN, int(r.layer), int(r.head)) for r in pick.itertuples()}
-    rows = [i for i, (s, m) in enumerate(zip(site_of, metric, strict=True))
+    rows = [i for i, (s, m) in enumerate(zip(frame.site_of, frame.metric, strict=True))
             if m == vocab.LOGIT_STD and s in chosen]
     if not rows:
         return None
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a checkpoint missing every head: NaN
-        mean = np.nanmean(values[rows][:, keep], axis=0)[None, :]
-    fit = _fit_series(t, mean, n_boot, seed, False, "")[0][0]
+        mean = np.nanmean(frame.values[rows][:, frame.keep], axis=0)[None, :]
+    fit = _fit_series(frame.t, mean, n_boot, seed, False, "")[0][0]
     return {"alpha": fit.get("alpha", math.nan), "alpha_lo": fit.get("alpha_lo", math.nan),
             "alpha_hi": fit.get("alpha_hi", math.nan), "n_heads": len(rows),
             "of": of}
@@ -370,8 +416,8 @@ def _kind_block(members: pd.DataFrame, rep: pd.Series | None, significant: bool,
     return {
         "peaked": bool(peaked.any()), "n_sites": int(len(members)), "n_peaked": int(peaked.sum()),
         "site": str(rep["label"]) if rep is not None else None, "significant": significant,
-        **{k: get(k) for k in ("share", "share_lo", "share_hi", "q_share", "alpha_gain",
-                               "alpha_gain_lo", "alpha_gain_hi")},
+        **{k: get(k) for k in (*classify.SHARE_KEYS, "q_share", "alpha_gain", "alpha_gain_lo",
+                               "alpha_gain_hi")},
         "gain_verdict": str(rep["gain_verdict"]) if rep is not None else None,
         "alpha_growth": f(growth.get("alpha", math.nan)), "alpha_growth_lo": a_lo,
         "alpha_growth_hi": a_hi, "growth_verdict": judge_third(a_lo, a_hi, band),
@@ -411,75 +457,86 @@ def _json_float(v: float | None) -> float | None:
     return float(v) if v is not None and math.isfinite(v) else None
 
 
-def _document(*, axis: str, band: tuple[float, float], win: window.Window, t: np.ndarray,
-              steps: np.ndarray, excluded: list, spikes: list, scan: dict,
-              loss: LossFit | None, sites: pd.DataFrame, kinds: dict, available: set[str],
-              failures: bool, skipped: list[dict]) -> dict:
-    flags = [f"skipped_{s['fit']}" for s in skipped]
+def _loss_block(loss: LossFit | None, band: tuple[float, float]) -> dict | None:
     if loss is None:
-        flags.append("no_loss")
-        loss_block = None
-    else:
-        flags.extend(f"loss_{f}" for f in loss.flags)
-        loss_block = {
-            **{k: _json_float(getattr(loss, k)) for k in ("alpha", "alpha_lo", "alpha_hi", "L0",
-                                                           "L0_lo", "L0_hi", "c", "t_min",
-                                                           "t_max")},
-            "verdict": judge_third(loss.alpha_lo, loss.alpha_hi, band),
-            "third_in_ci": bool(loss.third_in_ci), "n_points": int(loss.n_points),
-            "flags": list(loss.flags),
-        }
-    if scan["drift"]:
-        flags.append("loss_alpha_drift")
-    if spikes:
-        flags.append("loss_spike")
-    if excluded:
-        flags.append("excluded_duplicates")
-    has_gain = vocab.GAIN in available
-    if not has_gain:
-        flags.append("no_gain")
-    if not np.isfinite(sites["sensitivity"].to_numpy(dtype=float)).any():
-        flags.append("no_sensitivity")
+        return None
+    return {
+        **{k: _json_float(getattr(loss, k)) for k in ("alpha", "alpha_lo", "alpha_hi", "L0",
+                                                       "L0_lo", "L0_hi", "c", "t_min", "t_max")},
+        "verdict": judge_third(loss.alpha_lo, loss.alpha_hi, band),
+        "third_in_ci": bool(loss.third_in_ci), "n_points": int(loss.n_points),
+        "flags": list(loss.flags),
+    }
+
+
+def _flags(frame: _Frame, loss: LossFit | None, scan: dict, spikes: list,
+           sites: pd.DataFrame) -> list[str]:
+    """fits.json's run-level flags."""
+    available = set(frame.metric)
+    flags = [f"skipped_{s['fit']}" for s in frame.skipped]
+    flags += ["no_loss"] if loss is None else [f"loss_{f}" for f in loss.flags]
     classifiable = sites["site_kind"].isin([vocab.ATTN, vocab.LM_HEAD])
-    if (sites.loc[classifiable, "site_class"] == "").any():
-        flags.append("unclassified_sites")
-    if failures:
-        flags.append("failed_checkpoints")
-    has_peaked = bool(sites["peaked"].notna().any())
-    verdict, reason = classify.decide(kinds, has_peaked_metric=has_peaked, has_gain=has_gain,
-                                      has_loss=loss is not None,
-                                      has_entropy_criterion=vocab.PEAKED_ENTROPY in available)
+    for flag, on in (("loss_alpha_drift", scan["drift"]), ("loss_spike", bool(spikes)),
+                     ("excluded_duplicates", bool(frame.excluded)),
+                     ("no_gain", vocab.GAIN not in available),
+                     ("no_sensitivity",
+                      not np.isfinite(sites["sensitivity"].to_numpy(dtype=float)).any()),
+                     ("unclassified_sites", (sites.loc[classifiable, "site_class"] == "").any()),
+                     ("failed_checkpoints", bool(results.read_failures(frame.run_dir)))):
+        if on:
+            flags.append(flag)
+    return flags
+
+
+def _bottleneck(frame: _Frame, loss: LossFit | None, sites: pd.DataFrame, kinds: dict,
+                floor_doubtful: bool) -> dict:
+    """fits.json's ``bottleneck``: the verdict, its reason, the kinds and the head counts."""
+    available = set(frame.metric)
+    verdict, reason = classify.decide(
+        kinds, has_peaked_metric=bool(sites["peaked"].notna().any()),
+        has_gain=vocab.GAIN in available, has_loss=loss is not None,
+        has_entropy_criterion=vocab.PEAKED_ENTROPY in available, floor_doubtful=floor_doubtful)
     heads = sites[sites["site_kind"] == vocab.ATTN]
     cls = heads["site_class"]
+    return {
+        "verdict": verdict, "reason": reason, "share_min": vocab.GAIN_SHARE_MIN,
+        "share_of": classify.SHARE_OF, "fdr": vocab.FDR, "kinds": kinds,
+        "peaked_criteria": {name: classify.peaked_criteria(kind, available)
+                            for name, kind in ((vocab.BOTTLENECK_ATTENTION, vocab.ATTN),
+                                               (vocab.BOTTLENECK_LM_HEAD, vocab.LM_HEAD))},
+        "n_heads": int(len(heads)),
+        "n_peaked": int(heads["peaked"].fillna(False).astype(bool).sum()),
+        "n_concentrating": int((cls == "concentrating").sum()),
+        "n_saturated": int((cls == "saturated").sum()),
+        "n_diffuse": int((cls == "diffuse").sum()),
+        "n_share_significant": int((sites["q_share"] <= vocab.FDR).sum()),
+        "top_sites": classify.top_sites(sites),
+    }
+
+
+def _document(frame: _Frame, config: FitConfig, loss: _LossStage, sites: pd.DataFrame,
+              kinds: dict) -> dict:
+    """fits.json (format in docs/architecture.md)."""
+    t, steps, band = frame.t, frame.steps, config.band
+    spikes = window.spikes(loss.series, steps, t, frame.revisions[frame.keep])
+    scan = (window.loss_scan(t, loss.series, steps, loss.fit, n_boot=config.n_boot,
+                             seed=config.seed, band=band)
+            if loss.fit is not None else {"drift": False, "rows": []})
+    flags = _flags(frame, loss.fit, scan, spikes, sites)
+    doubtful = loss.fit is not None and (scan["drift"] or "L0_at_bound" in loss.fit.flags)
     return {
         "format": FITS_JSON_FORMAT,
         "band": [float(band[0]), float(band[1])],
         "ci_level": vocab.CI_LEVEL,
-        "time_axis": axis,
+        "time_axis": frame.axis,
         "window": {"t_min": float(t[0]), "t_max": float(t[-1]), "step_min": int(steps[0]),
-                   "step_max": int(steps[-1]), "n_points": len(t), "start_rule": win.start_rule},
-        "excluded": excluded,
+                   "step_max": int(steps[-1]), "n_points": len(t),
+                   "start_rule": frame.win.start_rule},
+        "excluded": frame.excluded,
         "spikes": spikes,
-        "loss": loss_block,
+        "loss": _loss_block(loss.fit, band),
         "loss_scan": scan,
-        "skipped": skipped,
-        "bottleneck": {
-            "verdict": verdict,
-            "reason": reason,
-            "share_min": vocab.GAIN_SHARE_MIN,
-            "fdr": vocab.FDR,
-            "kinds": kinds,
-            "peaked_criteria": {
-                name: classify.peaked_criteria(kind, available)
-                for name, kind in ((vocab.BOTTLENECK_ATTENTION, vocab.ATTN),
-                                   (vocab.BOTTLENECK_LM_HEAD, vocab.LM_HEAD))},
-            "n_heads": int(len(heads)),
-            "n_peaked": int(heads["peaked"].fillna(False).astype(bool).sum()),
-            "n_concentrating": int((cls == "concentrating").sum()),
-            "n_saturated": int((cls == "saturated").sum()),
-            "n_diffuse": int((cls == "diffuse").sum()),
-            "n_share_significant": int((sites["q_share"] <= vocab.FDR).sum()),
-            "top_sites": classify.top_sites(sites),
-        },
+        "skipped": frame.skipped,
+        "bottleneck": _bottleneck(frame, loss.fit, sites, kinds, doubtful),
         "flags": flags,
     }

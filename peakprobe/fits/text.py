@@ -76,7 +76,8 @@ def format_fits(run_fits: RunFits, n_sites: int = 5) -> str:
             continue
         lines.append(
             f"  {KIND_LABELS.get(name, name)}: share {_pct(k['share'])} "
-            f"[{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] of L - L0 (gain of {k['site']}); "
+            f"[{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] of the loss decrease "
+            f"({_pct(k.get('share_floor'))} of L - L0 at the end; gain of {k['site']}); "
             "gain alpha "
             f"{_num(k['alpha_gain'])} [{_num(k['alpha_gain_lo'])}, {_num(k['alpha_gain_hi'])}] "
             f"-> {k['gain_verdict']}; growth alpha {_num(k['alpha_growth'])} "
@@ -90,7 +91,7 @@ def format_fits(run_fits: RunFits, n_sites: int = 5) -> str:
         f"{b['n_share_significant']} sites with a significant gain share (> {b['share_min']:g})"
     )
     if b["top_sites"]:
-        lines.append(f"top sites (gain share of L - L0 [{vocab.CI_LEVEL:.0%} CI], its BH q, "
+        lines.append(f"top sites (gain share of the loss decrease [{vocab.CI_LEVEL:.0%} CI], its BH q, "
                      "gain alpha, late logit_std alpha, d loss / d log beta):")
         for s in b["top_sites"][:n_sites]:
             q = "n/a" if s["q_share"] is None else f"{s['q_share']:.2f}"

@@ -1,48 +1,14 @@
 """Planted bottlenecks: tiny GPT-NeoX checkpoint sequences whose bottleneck softmax is known.
 
-Four synthetic tasks over ``n_tokens`` word tokens ``w0 .. w{n-1}`` (plus ``<unk>``, id 0, which
-never occurs), each trained as a checkpoint sequence like ``peakprobe.toy.tiny_lm`` writes:
+This module owns the tasks' data (``generate``), their Bayes losses, the planted config and the
+training loop; the hand-built scored-copy model is ``planted_scale``'s, its trained variants
+(``trained_qk``, ``blind_spot``, ``trained_lm_head``) and their oracle are ``planted_trained``'s.
+The tasks, what each plants and what the verdict says on it: docs/planted.md.
 
-* ``lm_head`` (successor chain): ``x[t+1] = f(x[t])`` with ``f`` a fixed random permutation of
-  the tokens that is one single cycle; every sequence starts at a uniform random token. The next
-  token is a fixed function of the current one, so attention is not needed, and the target is a
-  one-hot: the LM head must keep sharpening toward a peaked distribution.
-* ``attention`` (scored copy): ``x[t+1]`` is, with probability ``1 - noise``, ``f(w*)`` where
-  ``w*`` is the highest-scoring token of ``x[0..t]`` (fixed, equally spaced scores; ``f`` a fixed
-  permutation), else uniform. The model is built by hand (``peakprobe.toy.planted_scale``): an
-  exact, frozen read-out and one head whose logits are ``theta * score``; only ``theta``, the
-  head's inverse temperature, trains (SGD, from 0). The head must concentrate on one key and its
-  lagging temperature is, by construction, all that stands between the model and its floor; the
-  LM head's target puts ``1 - noise + noise / n`` on one token: far from peaked.
-* ``lag_copy`` (noisy lag copy, every weight trained): ``x[t] = x[t - lag]`` with probability
-  ``1 - noise``, otherwise a fresh uniform token (``x[t]`` uniform for ``t < lag``). Predicting
-  ``x[t+1]`` needs one head to attend to the single key ``lag - 1`` positions back (a positional
-  cue; rotary on every head dimension makes that expressible); the Bayes-optimal next-token
-  distribution then puts ``1 - noise + noise / n`` on the copied token and ``noise / n`` on each
-  other one, whose logit std is about ``ln(n (1 - noise) / noise + 1) / sqrt(n)``, far below
-  ``sqrt(2 ln n)``.
-* ``teacher_attention`` (every weight trained) (a teacher's peaked attention, copied): a fixed teacher scores every
-  query-key token pair, ``S[q, k] = e(q)^T A e(k) / sigma_q`` (Gaussian token embeddings ``e``,
-  a Gaussian bilinear form ``A`` of rank ``teacher_rank``, each query's scores of std 1). ``x[0]``
-  is uniform; ``x[t+1]`` is, with probability ``1 - noise``, the token ``x[s]`` at a position
-  ``s <= t`` drawn from the teacher's attention ``w_s ∝ exp(teacher_beta * S[x[t], x[s]])``
-  (peaked: logit std ``teacher_beta``), else uniform. The Bayes next-token distribution is
-  ``noise / n + (1 - noise) * sum_s w_s [x[s] = y]``: the student's attention must match a
-  peaked, content-based teacher attention, while the LM head's target stays far from peaked.
-
-``train_planted(out_dir, config)`` writes
-
-```
-OUT/
-  step0/ ... step<steps>/   # save_pretrained (safetensors) + the word-level tokenizer
-  schedule.json             # warmup + cosine, as tiny_lm, so tau is known
-  train_log.json            # loss and learning rate of every update
-  planted.json              # config + hash; written last, marks the run complete
-```
-
+``train_planted(out_dir, config)`` writes ``step<N>/`` checkpoints (save_pretrained plus the
+word-level tokenizer), ``schedule.json``, ``train_log.json`` and, last, ``planted.json``.
 ``write_eval_jsonl(path, config)`` writes held-out sequences, one JSON line of ``seq_len``
-space-separated words each. The tokenizer has no eos token, so ``peakprobe.data`` concatenates
-the documents without separators and windows of ``--window seq_len`` are exactly the sequences.
+space-separated words each (no eos token, so windows of ``seq_len`` are exactly the sequences).
 """
 
 from __future__ import annotations
@@ -58,15 +24,22 @@ import numpy as np
 
 from peakprobe.hf import quiet_transformers_progress
 from peakprobe.results import read_json, write_json
-from peakprobe.toy import planted_scale
+from peakprobe.toy import planted_scale, planted_trained
+from peakprobe.toy.planted_trained import LM_HEAD_TWIN_TASK, TRAINED_TASKS
 from peakprobe.toy.tiny_lm import TinyLMConfig, model_config, run_updates, torch_threads
-from peakprobe.vocab import BOTTLENECK_ATTENTION, BOTTLENECK_LM_HEAD, PeakprobeError
+from peakprobe.vocab import (
+    BOTTLENECK_ATTENTION,
+    BOTTLENECK_LM_HEAD,
+    PeakprobeError,
+)
 
 LM_HEAD_TASK = "lm_head"
 ATTENTION_TASK = "attention"
 LAG_COPY_TASK = "lag_copy"
 TEACHER_TASK = "teacher_attention"
-TASKS: tuple[str, ...] = (LM_HEAD_TASK, ATTENTION_TASK, LAG_COPY_TASK, TEACHER_TASK)
+TASKS: tuple[str, ...] = (LM_HEAD_TASK, ATTENTION_TASK, LAG_COPY_TASK, TEACHER_TASK, *TRAINED_TASKS)
+#: the scored-copy tasks: the data of ``attention`` and the hand-built model, or its trained variants
+SCORED_TASKS: tuple[str, ...] = (ATTENTION_TASK, *TRAINED_TASKS)
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd")
 UNK = "<unk>"
 MARKER = "planted.json"
@@ -102,6 +75,13 @@ def _default_model(task: str = LM_HEAD_TASK) -> TinyLMConfig:
         return replace(TinyLMConfig(n_heads=1, steps=800, lr_max=15.0, **common), n_layers=1,
                        hidden=planted_scale.hidden_size(SCORED_TOKENS), intermediate=4,
                        rotary_pct=planted_scale.rotary_pct(SCORED_TOKENS))
+    if task in TRAINED_TASKS:
+        # the scored-copy model at 127 tokens; its query and key maps (or the LM head's input
+        # scale) train by plain SGD, unclipped, from a small start
+        return replace(TinyLMConfig(n_heads=1, steps=800, lr_max=planted_trained.LR_MAX, grad_clip=1e6,
+                                    **common), n_layers=1, intermediate=4, n_checkpoints=20,
+                       hidden=planted_scale.hidden_size(planted_trained.TRAINED_TOKENS),
+                       rotary_pct=planted_scale.rotary_pct(planted_trained.TRAINED_TOKENS))
     if task == LAG_COPY_TASK:
         return TinyLMConfig(n_heads=2, steps=800, lr_max=3e-3, **common)
     if task == TEACHER_TASK:
@@ -136,6 +116,10 @@ class PlantedConfig:
         if task == ATTENTION_TASK:
             return cls(task=task, n_tokens=SCORED_TOKENS, optimizer="sgd", momentum=0.0,
                        model=_default_model(task))
+        if task in TRAINED_TASKS:
+            noise = planted_trained.LM_HEAD_TWIN_NOISE if task == LM_HEAD_TWIN_TASK else 0.5
+            return cls(task=task, n_tokens=planted_trained.TRAINED_TOKENS, noise=noise,
+                       optimizer="sgd", momentum=0.0, model=_default_model(task))
         if task == LAG_COPY_TASK:
             return cls(task=task, n_tokens=LAG_COPY_TOKENS, model=_default_model(task))
         if task == TEACHER_TASK:
@@ -168,10 +152,10 @@ class PlantedConfig:
             raise PlantedError(f"noise must be in [0, 1), got {self.noise}")
         if not self.readout_lr >= 0 or (self.readout_lr and self.task != ATTENTION_TASK):
             raise PlantedError(f"readout_lr must be >= 0, and set only for the {ATTENTION_TASK} task")
-        if self.task == ATTENTION_TASK:
+        if self.task in SCORED_TASKS:
             m = self.model
             if (m.n_layers, m.n_heads, m.hidden) != (1, 1, planted_scale.hidden_size(self.n_tokens)):
-                raise PlantedError(f"the {ATTENTION_TASK} task's model is built by hand: 1 layer, 1 head, "
+                raise PlantedError(f"the {self.task} task's model is built by hand: 1 layer, 1 head, "
                                    f"hidden {planted_scale.hidden_size(self.n_tokens)} for {self.n_tokens} tokens")
         if not 0 <= self.momentum < 1:
             raise PlantedError(f"momentum must be in [0, 1), got {self.momentum}")
@@ -219,7 +203,7 @@ def generate(config: PlantedConfig, n_seqs: int, rng: np.random.Generator) -> tu
         return x, ruled
     if config.task == TEACHER_TASK:
         return _generate_teacher(config, n_seqs, rng)
-    if config.task == ATTENTION_TASK:
+    if config.task in SCORED_TASKS:
         return _generate_scored(config, n_seqs, rng)
     x = rng.integers(n, size=(n_seqs, t))  # (N, T) fresh tokens
     ruled = rng.random((n_seqs, t)) >= config.noise  # (N, T)
@@ -344,7 +328,7 @@ def bayes_loss(config: PlantedConfig) -> float:
         return float(np.mean(nll))
     hit = 1 - config.noise + config.noise / n
     mixed = -(hit * np.log(hit) + (n - 1) * (config.noise / n) * np.log(config.noise / n))
-    if config.task == ATTENTION_TASK:  # every target has its source: x[0] is already scored
+    if config.task in SCORED_TASKS:  # every target has its source: x[0] is already scored
         return float(mixed)
     unpredictable = config.lag - 1  # targets x[1 .. lag-1] have no source in the window
     return float((unpredictable * np.log(n) + (t - 1 - unpredictable) * mixed) / (t - 1))
@@ -412,11 +396,14 @@ def _train_loop(out: Path, config: PlantedConfig, progress: bool) -> None:
     started = time.perf_counter()
     cfg = config.model
     tokenizer = build_tokenizer(config, model_max_length=max(2048, cfg.seq_len))
-    if config.task == ATTENTION_TASK:  # built by hand: only theta (and maybe the read-out) trains
+    if config.task in SCORED_TASKS:  # built by hand: theta, or the trained variant's maps, train
         model = planted_scale.build_model(config, tokenizer)
         calib, _ = generate(config, 256, np.random.default_rng([config.task_seed, 23]))
         planted_scale.calibrate_readout(model, torch.from_numpy(calib + 1))
-        groups = planted_scale.train_only_theta(model, readout=config.readout_lr > 0)
+        if config.task in TRAINED_TASKS:
+            groups = planted_trained.prepare(model, config.task, cfg.seed)
+        else:
+            groups = planted_scale.train_only_theta(model, readout=config.readout_lr > 0)
         if len(groups) > 1:
             groups[1]["lr_scale"] = config.readout_lr
     else:
@@ -453,4 +440,4 @@ def _train_loop(out: Path, config: PlantedConfig, progress: bool) -> None:
 
 def planted_site(config: PlantedConfig) -> str:
     """The softmax kind that is the bottleneck by construction: ``lm_head`` or ``attention``."""
-    return BOTTLENECK_LM_HEAD if config.task == LM_HEAD_TASK else BOTTLENECK_ATTENTION
+    return BOTTLENECK_LM_HEAD if config.task in (LM_HEAD_TASK, LM_HEAD_TWIN_TASK) else BOTTLENECK_ATTENTION
