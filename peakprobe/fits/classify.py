@@ -10,11 +10,12 @@ statistics (the sink key left out) replace the raw flags when the results carry 
 parked on the sink does not count as peaked. An `attn_layer` group or `attn_all` is peaked when
 one of its heads is.
 
-Gain shares (`drop_shares`, `floor_share`): a gain site's ``share`` is the share of the loss
-*decrease* over the window that the gain's decrease explains, the least-squares slope of G on L
-across the window's checkpoints: (G(t1) - G(t2)) / (L(t1) - L(t2)) for two points. It needs no
-fitted floor (a free-floor loss law that buys late curvature with a low L0 inflates L - L0
-several-fold). Its interval resamples the checkpoints (pairs of G and L); its p-value is the
+Gain shares (`drop_share`, `floor_share`): a gain site's ``share`` is the share of the loss
+*decrease* over the window that the gain's decrease explains, (G(t1) - G(t2)) / (L(t1) - L(t2))
+at the window's ends, read off the gain's and the loss's fitted laws. The loss law's floor L0
+cancels in L(t1) - L(t2), which the fit must match to the data, so the share does not hinge on
+L0 (a free-floor law that buys late curvature with a low L0 inflates L - L0 several-fold). Its
+interval pairs the gain's and the loss's bootstrap refits by index; its p-value is the
 one-sided normal tail of "share <= GAIN_SHARE_MIN" with the bootstrap standard error, and
 Benjamini-Hochberg runs within three families (heads; layer groups; attn_all and the LM head).
 ``share_floor`` = G(t_end) / (L - L0)(t_end), both read off their fitted laws, with a paired
@@ -59,7 +60,7 @@ import pandas as pd
 
 from peakprobe import vocab
 
-from .common import bh_qvalues, bootstrap_draws, p_at_most, percentile_interval
+from .common import bh_qvalues, p_at_most, percentile_interval
 
 N_TOP_SITES = 10
 #: the families of gain-share tests, each under its own Benjamini-Hochberg control
@@ -86,42 +87,28 @@ def peaked_criteria(site_kind: str, available: set[str]) -> list[str]:
     return []
 
 
-def drop_shares(gains: np.ndarray, loss: np.ndarray, n_boot: int, seed: int) -> dict[str, np.ndarray]:
-    """Each gain series' share of the loss decrease over the window: the least-squares slope of
-    G (S, n) on L (n,) over the checkpoints where both are finite, with its percentile interval
-    and p-value from ``n_boot`` resamples of the checkpoints. Returns share, share_lo, share_hi,
-    p_share, each (S,); NaN where fewer than 3 points or L does not vary."""
-    n_sites = len(gains)
-    out = {k: np.full(n_sites, np.nan) for k in ("share", "share_lo", "share_hi", "p_share")}
-    if n_sites == 0 or loss.size != gains.shape[1]:
+def drop_share(fit: dict, boot, loss_fit, loss_boot, t1: float, t2: float) -> dict[str, float]:
+    """The gain's share of the loss decrease over the window [t1, t2]: (G(t1) - G(t2)) /
+    (L(t1) - L(t2)), both read off their fitted laws (L's floor cancels), with the paired
+    bootstrap interval and the p-value of "share <= GAIN_SHARE_MIN" (``boot``: the gain fit's
+    (icept, slope, xbar); ``fit``'s alpha is the decay exponent)."""
+    out = {"share": math.nan, "share_lo": math.nan, "share_hi": math.nan, "p_share": math.nan}
+    if "alpha" not in fit or loss_fit is None or not t2 > t1:
         return out
-    for s in range(n_sites):
-        ok = np.isfinite(gains[s]) & np.isfinite(loss)
-        if ok.sum() < 3:
-            continue
-        g, x = gains[s][ok], loss[ok]
-        share = _slope(x[None, :], g[None, :])[0]
-        if not math.isfinite(share):
-            continue
-        out["share"][s] = share
-        pick, _ = bootstrap_draws(len(x), n_boot, seed)  # (B, m) resampled checkpoints
-        boot = _slope(x[pick], g[pick])
-        boot = boot[np.isfinite(boot)]
-        if boot.size >= 2:
-            lo, hi = percentile_interval(boot, vocab.CI_LEVEL)
-            out["share_lo"][s], out["share_hi"][s] = float(lo), float(hi)
-            out["p_share"][s] = float(p_at_most(np.array([share]), boot[None, :],
-                                                vocab.GAIN_SHARE_MIN)[0])
+    drop_l = loss_fit.c * (t1 ** -loss_fit.alpha - t2 ** -loss_fit.alpha)
+    out["share"] = fit["c"] * (t1 ** -fit["alpha"] - t2 ** -fit["alpha"]) / drop_l
+    if boot is not None and loss_boot is not None:
+        def g(t: float) -> np.ndarray:  # (B,) the refitted gain at t
+            return np.exp(boot[0] + boot[1] * (math.log(t) - boot[2]))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shares = (g(t1) - g(t2)) / (loss_boot.reducible_at(t1) - loss_boot.reducible_at(t2))
+        shares = shares[np.isfinite(shares)]
+        if shares.size >= 2:
+            lo, hi = percentile_interval(shares, vocab.CI_LEVEL)
+            out["share_lo"], out["share_hi"] = float(lo), float(hi)
+            out["p_share"] = float(p_at_most(np.array([out["share"]]), shares[None, :],
+                                             vocab.GAIN_SHARE_MIN)[0])
     return out
-
-
-def _slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least-squares slopes of rows y on rows x, both (B, m); NaN where x does not vary."""
-    xc = x - x.mean(axis=1, keepdims=True)
-    sxx = (xc * xc).sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(sxx > 0, (xc * (y - y.mean(axis=1, keepdims=True))).sum(axis=1) / sxx,
-                        np.nan)
 
 
 def floor_share(fit: dict, boot, loss_fit, loss_boot, t_end: float) -> dict[str, float]:

@@ -297,18 +297,17 @@ def _gain_shares(frame: _Frame, config: FitConfig, progress: bool, rows: list[di
     """Gain fits G = c t^-alpha (alpha: minus the fitted slope) and, per gain site, its share
     of the loss decrease over the window (the verdict's) and its share of L - L0 at the end."""
     gain_rows = frame.rows(vocab.GAIN)
-    gains = frame.values[gain_rows][:, frame.keep]  # (S, n)
-    fits, boots = _fit_series(frame.t, gains, config.n_boot, config.seed, progress, "gain fits",
+    fits, boots = _fit_series(frame.t, frame.values[gain_rows][:, frame.keep], config.n_boot, config.seed, progress, "gain fits",
                               keep_boot=True)
-    drop = classify.drop_shares(gains, loss.series, config.n_boot, config.seed)
     site_of, out = frame.site_of, {}
-    for i, (r, fit, boot) in enumerate(zip(gain_rows, fits, boots, strict=True)):
+    t1, t2 = float(frame.t[0]), float(frame.t[-1])
+    for r, fit, boot in zip(gain_rows, fits, boots, strict=True):
         if "alpha" in fit:
             fit = {**fit, "alpha": -fit["alpha"], "alpha_lo": -fit["alpha_hi"],
                    "alpha_hi": -fit["alpha_lo"]}
         _add(rows, frame, vocab.FIT_GAIN, r, fit)
-        floor = classify.floor_share(fit, boot, loss.fit, loss.boot, float(frame.t[-1]))
-        out[site_of[r]] = {**{k: float(v[i]) for k, v in drop.items()}, **floor,
+        out[site_of[r]] = {**classify.drop_share(fit, boot, loss.fit, loss.boot, t1, t2),
+                           **classify.floor_share(fit, boot, loss.fit, loss.boot, t2),
                            "alpha_gain": fit.get("alpha", math.nan),
                            "alpha_gain_lo": fit.get("alpha_lo", math.nan),
                            "alpha_gain_hi": fit.get("alpha_hi", math.nan)}
