@@ -259,8 +259,9 @@ def planted(out: str | os.PathLike, task: str, *, quick: bool = False, seed: int
     trained = task in planted_trained.TRAINED_TASKS  # gains on every window, as the oracle's loss
     n_windows = 16 if quick or trained else 64
     path = write_eval_jsonl(out / "eval.jsonl", cfg, n_seqs=n_windows)
-    sweep = SweepConfig(batch_size=16, attribution=AttributionConfig(windows=n_windows) if trained
-                        else AttributionConfig())
+    # the trained controls' one head is attention (all heads): its gain is searched once
+    sweep = SweepConfig(batch_size=16, attribution=AttributionConfig(windows=n_windows, heads="off")
+                        if trained else AttributionConfig())
     result = run(str(checkpoints), out / "run", data=DataConfig(data=str(path), n_windows=n_windows,
                                                                 window=cfg.seq_len),
                  config=sweep, force=False, progress=progress, command=command)

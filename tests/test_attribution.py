@@ -18,6 +18,7 @@ from peakprobe.attribution.beta import beta_attention
 from peakprobe.attribution.gains import attribute
 from peakprobe.attribution.search import (
     DELTA,
+    EXTEND_LIMIT,
     SCREEN_POINT,
     SCREEN_STOP,
     FirstPart,
@@ -402,9 +403,21 @@ def test_search_finds_the_closed_form_minimum():
     assert r.x == pytest.approx(0.5 * math.log(c / a), abs=1e-4)
     assert r.gain == pytest.approx(c + a - 2 * math.sqrt(a * c), abs=1e-9)
     assert not r.at_bound and r.n_evals < 15
-    # still falling at the bound: the bound, flagged
+    # still falling at every bound: the bound moves out to EXTEND_LIMIT, and is flagged
     r = minimize_log_beta(lambda x: math.exp(-x), 1.0, -1.0)
+    assert r.x == EXTEND_LIMIT and r.at_bound and r.gain == pytest.approx(1 - math.exp(-EXTEND_LIMIT))
+    r = minimize_log_beta(lambda x: math.exp(-x), 1.0, -1.0, extend_to=3.0)  # no extension
     assert r.x == 3.0 and r.at_bound and r.gain == pytest.approx(1 - math.exp(-3))
+
+
+@pytest.mark.parametrize("x_star", [2.98, 3.02, 5.0, 9.0, -4.5])
+def test_search_finds_an_optimum_near_or_past_the_first_bound(x_star):
+    """An interior optimum just inside the bound (between it and the point delta inside it),
+    just past it, or far past it is found to xtol, not reported as the bound."""
+    f = lambda x: 0.01 * (x - x_star) ** 2  # noqa: E731
+    r = minimize_log_beta(f, f(0), -0.02 * x_star)
+    assert r.x == pytest.approx(x_star, abs=1e-3) and not r.at_bound
+    assert r.gain == pytest.approx(f(0), abs=1e-8)
     # the quadratic estimate is exact on a parabola; no estimate without curvature
     q = quadratic_estimate(lambda x: (x - 0.4) ** 2, 0.16, -0.8)
     assert q.gain == pytest.approx(0.16) and q.x == pytest.approx(0.4)
