@@ -61,6 +61,7 @@ import pandas as pd
 from peakprobe import vocab
 
 from .common import bh_qvalues, p_at_most, percentile_interval
+from .third import judge_third
 
 N_TOP_SITES = 10
 #: the families of gain-share tests, each under its own Benjamini-Hochberg control
@@ -223,6 +224,53 @@ def decide(kinds: dict[str, dict], *, has_peaked_metric: bool, has_gain: bool, h
         reason += ("; the loss law's floor L0 is unreliable (drift or a bound), so the share "
                    "of L - L0 is not used")
     return best, reason + f" ({counts})"
+
+
+def kind_blocks(sites: pd.DataFrame, growth_of: dict, attn_growth: dict | None,
+           band: tuple[float, float]) -> dict[str, dict]:
+    """fits.json's bottleneck.kinds: per softmax kind, peakedness, share and exponents."""
+    out = {}
+    heads = sites[sites["site_kind"] == vocab.ATTN]
+    groups = sites[sites["site_kind"].isin([vocab.ATTN, vocab.ATTN_LAYER, vocab.ATTN_ALL])]
+    lm = sites[sites["site_kind"] == vocab.LM_HEAD]
+    if len(heads) or len(groups):
+        sig = groups[(groups["q_share"] <= vocab.FDR) & groups["peaked"].fillna(False).astype(bool)]
+        rep = groups[groups["site_kind"] == vocab.ATTN_ALL]
+        rep = rep[np.isfinite(rep["share"].to_numpy(dtype=float))]
+        if rep.empty:
+            pool = sig[sig["site_kind"] == vocab.ATTN]
+            pool = pool if len(pool) else heads[np.isfinite(heads["share"].to_numpy(dtype=float))]
+            rep = pool.sort_values("share", ascending=False, kind="stable")
+        g = attn_growth or {}
+        out[vocab.BOTTLENECK_ATTENTION] = _kind_block(
+            heads, rep.iloc[0] if len(rep) else None, bool(len(sig)), g, band,
+            f"mean logit_std over {g.get('n_heads', 0)} {g.get('of', 'heads')}")
+    if len(lm):
+        row = lm.iloc[0]
+        g = growth_of.get((vocab.LM_HEAD, -1, -1), {})
+        sig = bool(row["q_share"] <= vocab.FDR and row["peaked"])
+        out[vocab.BOTTLENECK_LM_HEAD] = _kind_block(lm, row if math.isfinite(row["share"]) else None,
+                                                    sig, g, band, "LM head logit_std")
+    return out
+
+
+def _kind_block(members: pd.DataFrame, rep: pd.Series | None, significant: bool, growth: dict,
+                band: tuple[float, float], growth_of: str) -> dict:
+    peaked = members["peaked"].fillna(False).astype(bool)
+    def f(v) -> float | None:
+        return float(v) if v is not None and math.isfinite(float(v)) else None
+    get = (lambda k: f(rep[k])) if rep is not None else (lambda k: None)
+    a_lo, a_hi = f(growth.get("alpha_lo", math.nan)), f(growth.get("alpha_hi", math.nan))
+    return {
+        "peaked": bool(peaked.any()), "n_sites": int(len(members)), "n_peaked": int(peaked.sum()),
+        "site": str(rep["label"]) if rep is not None else None, "significant": significant,
+        **{k: get(k) for k in (*SHARE_KEYS, "q_share", "alpha_gain", "alpha_gain_lo",
+                               "alpha_gain_hi")},
+        "gain_verdict": str(rep["gain_verdict"]) if rep is not None else None,
+        "alpha_growth": f(growth.get("alpha", math.nan)), "alpha_growth_lo": a_lo,
+        "alpha_growth_hi": a_hi, "growth_verdict": judge_third(a_lo, a_hi, band),
+        "growth_of": growth_of,
+    }
 
 
 def top_sites(sites: pd.DataFrame, n: int = N_TOP_SITES) -> list[dict]:

@@ -18,7 +18,7 @@ Benjamini-Hochberg families. "Still growing" is the one-sided p-value of "late l
 with Benjamini-Hochberg q-values over all sites with a logit_std.
 
 `fit_run` is a pipeline of named stages: `_load_and_window`, `_growth_fits`, `_late_fits`,
-`_loss_fit`, `_gain_shares`, then the per-site table (`_sites`, `_kinds`, `_table`) and the
+`_loss_fit`, `_gain_shares`, then the per-site table (`_sites`, `classify.kind_blocks`, `_table`) and the
 document (`_document`).
 
 Three-way verdicts (`third.judge_third`, band ``band``) are given for the loss, every gain and
@@ -195,7 +195,7 @@ def fit_run(run_dir: str | os.PathLike, config: FitConfig | None = None, *,
     sites = _sites(sorted(set(frame.site_of)), frame.at_last(), set(frame.metric), late_of,
                    gain_of, config.band)
     attn_growth = _attention_growth(sites, frame, config.n_boot, config.seed)
-    kinds = _kinds(sites, growth_of, attn_growth, config.band)
+    kinds = classify.kind_blocks(sites, growth_of, attn_growth, config.band)
     table = _table(rows, sites, config.band, frame.axis)
     doc = _document(frame, config, loss, sites, kinds)
     results.write_parquet(frame.run_dir / results.FITS, table, FITS_SCHEMA)
@@ -375,53 +375,6 @@ def _attention_growth(sites: pd.DataFrame, frame: _Frame, n_boot: int, seed: int
     return {"alpha": fit.get("alpha", math.nan), "alpha_lo": fit.get("alpha_lo", math.nan),
             "alpha_hi": fit.get("alpha_hi", math.nan), "n_heads": len(rows),
             "of": of}
-
-
-def _kinds(sites: pd.DataFrame, growth_of: dict, attn_growth: dict | None,
-           band: tuple[float, float]) -> dict[str, dict]:
-    """fits.json's bottleneck.kinds: per softmax kind, peakedness, share and exponents."""
-    out = {}
-    heads = sites[sites["site_kind"] == vocab.ATTN]
-    groups = sites[sites["site_kind"].isin([vocab.ATTN, vocab.ATTN_LAYER, vocab.ATTN_ALL])]
-    lm = sites[sites["site_kind"] == vocab.LM_HEAD]
-    if len(heads) or len(groups):
-        sig = groups[(groups["q_share"] <= vocab.FDR) & groups["peaked"].fillna(False).astype(bool)]
-        rep = groups[groups["site_kind"] == vocab.ATTN_ALL]
-        rep = rep[np.isfinite(rep["share"].to_numpy(dtype=float))]
-        if rep.empty:
-            pool = sig[sig["site_kind"] == vocab.ATTN]
-            pool = pool if len(pool) else heads[np.isfinite(heads["share"].to_numpy(dtype=float))]
-            rep = pool.sort_values("share", ascending=False, kind="stable")
-        g = attn_growth or {}
-        out[vocab.BOTTLENECK_ATTENTION] = _kind_block(
-            heads, rep.iloc[0] if len(rep) else None, bool(len(sig)), g, band,
-            f"mean logit_std over {g.get('n_heads', 0)} {g.get('of', 'heads')}")
-    if len(lm):
-        row = lm.iloc[0]
-        g = growth_of.get((vocab.LM_HEAD, -1, -1), {})
-        sig = bool(row["q_share"] <= vocab.FDR and row["peaked"])
-        out[vocab.BOTTLENECK_LM_HEAD] = _kind_block(lm, row if math.isfinite(row["share"]) else None,
-                                                    sig, g, band, "LM head logit_std")
-    return out
-
-
-def _kind_block(members: pd.DataFrame, rep: pd.Series | None, significant: bool, growth: dict,
-                band: tuple[float, float], growth_of: str) -> dict:
-    peaked = members["peaked"].fillna(False).astype(bool)
-    def f(v) -> float | None:
-        return float(v) if v is not None and math.isfinite(float(v)) else None
-    get = (lambda k: f(rep[k])) if rep is not None else (lambda k: None)
-    a_lo, a_hi = f(growth.get("alpha_lo", math.nan)), f(growth.get("alpha_hi", math.nan))
-    return {
-        "peaked": bool(peaked.any()), "n_sites": int(len(members)), "n_peaked": int(peaked.sum()),
-        "site": str(rep["label"]) if rep is not None else None, "significant": significant,
-        **{k: get(k) for k in (*classify.SHARE_KEYS, "q_share", "alpha_gain", "alpha_gain_lo",
-                               "alpha_gain_hi")},
-        "gain_verdict": str(rep["gain_verdict"]) if rep is not None else None,
-        "alpha_growth": f(growth.get("alpha", math.nan)), "alpha_growth_lo": a_lo,
-        "alpha_growth_hi": a_hi, "growth_verdict": judge_third(a_lo, a_hi, band),
-        "growth_of": growth_of,
-    }
 
 
 def _table(rows: list[dict], sites: pd.DataFrame, band: tuple[float, float],
