@@ -236,7 +236,7 @@ MAGNITUDE_METRICS: tuple[str, ...] = (
     LOGIT_TOP_GAP,
     TARGET_LOGIT_MINUS_MEAN,
 )
-#: a site's gain is a "large share" of the reducible loss L - L0 above this fraction
+#: a site's gain explains a "large share" of the loss decrease over the fit window above this fraction
 GAIN_SHARE_MIN = 0.1
 #: a single head's gain below this fraction of the loss is negligible: it would reach the share
 #: threshold (GAIN_SHARE_MIN of L - L0) only when L - L0 is under 1% of L; screened heads whose

@@ -545,7 +545,7 @@ def test_screened_search_on_closed_forms():
     for cliff in (True, False):
         calls = []
         fn = lambda x, cliff=cliff, calls=calls: calls.append(x) or rise(x, cliff)  # noqa: E731
-        grid = min(rise(x, cliff) for x in np.linspace(-3, 3, 6001))
+        grid = min(rise(x, cliff) for x in np.linspace(-12, 12, 24001))  # the search's reach
         r = screened_search(fn, rise(0.0, cliff), g0, floor=1.5e-3)  # its promise: under the flag
         if cliff:  # the second look at the bound finds the cliff, and the search its foot
             assert r.gain == pytest.approx(rise(0.0) - grid, rel=0.02)
