@@ -482,8 +482,11 @@ def test_search_stops_at_the_loss_noise_and_goes_to_a_bound_it_is_heading_for():
     r = minimize_log_beta(f, f(0.0), a - c, ftol=1e-12)
     assert r.x == pytest.approx(2.5, abs=1e-3) and not r.at_bound
     assert r.gain == pytest.approx(c + a - 2 * math.sqrt(a * c), abs=1e-9)
+    # still falling at the first bound: the bound moves out and the minimum past it (ln 1000,
+    # loss 1e-3 (1 + ln 1000)) is bracketed within 12 evaluations
     r = minimize_log_beta(lambda x: math.exp(-x) + 1e-3 * x, 1.0, -1.0 + 1e-3, max_evals=12)
-    assert r.x == 3.0 and r.at_bound and r.n_evals <= 7
+    assert not r.at_bound and abs(r.x - math.log(1e3)) < 0.3
+    assert r.f == pytest.approx(1e-3 * (1 + math.log(1e3)), rel=0.01)
 
 
 def test_search_with_rtol_known_points_a_start_and_a_concave_factor():
