@@ -227,11 +227,15 @@ def trained():
 
 
 def _grid_gain(fn, f0: float) -> tuple[float, np.ndarray, np.ndarray]:
-    """Brute force: (f0 - min f on a grid of step 0.05 refined around its best point, grid, f)."""
-    grid = np.linspace(-3, 3, 121)
+    """Brute force: (f0 - min f on a grid of step 0.05 on [-3, 3] and 0.25 out to the search's
+    reach (EXTEND_LIMIT), refined around its best point, grid, f)."""
+    outer = np.linspace(3.25, EXTEND_LIMIT, int(round((EXTEND_LIMIT - 3) / 0.25)))
+    grid = np.concatenate([-outer[::-1], np.linspace(-3, 3, 121), outer])
     values = np.array([fn(x) for x in grid])
     x0 = grid[int(np.argmin(values))]
-    fine = min(fn(x) for x in np.linspace(max(-3, x0 - 0.05), min(3, x0 + 0.05), 41))
+    half = 0.05 if abs(x0) <= 3 else 0.25
+    fine = min(fn(x) for x in np.linspace(max(-EXTEND_LIMIT, x0 - half),
+                                          min(EXTEND_LIMIT, x0 + half), 41))
     return f0 - min(fine, values.min()), grid, values
 
 
