@@ -87,14 +87,22 @@ def _value(df, kind, layer, head, metric) -> float:
 
 
 def _grid_min(fn) -> tuple[float, float]:
-    """Brute force: a grid of step 0.01 on [-3, 3], then step 1e-4 around its best point."""
-    coarse = np.linspace(-3, 3, 601)
+    """Brute force over the search's reach: a grid of step 0.01 on [-3, 3] and 0.1 out to
+    EXTEND_LIMIT, then grids of 41 points zooming 20x a time around the best point, to a step
+    under 1e-4."""
+    outer = np.linspace(3.1, EXTEND_LIMIT, int(round((EXTEND_LIMIT - 3) / 0.1)))
+    coarse = np.concatenate([-outer[::-1], np.linspace(-3, 3, 601), outer])
     vals = [fn(x) for x in coarse]
-    x0 = coarse[int(np.argmin(vals))]
-    fine = np.linspace(max(-3, x0 - 0.01), min(3, x0 + 0.01), 201)
-    vals_f = [fn(x) for x in fine]
-    i = int(np.argmin(vals_f))
-    return float(fine[i]), float(vals_f[i])
+    i = int(np.argmin(vals))
+    x0, f0 = float(coarse[i]), float(vals[i])
+    half = 0.01 if abs(x0) <= 3 else 0.1
+    while half > 1e-4:
+        for x in np.linspace(max(-EXTEND_LIMIT, x0 - half), min(EXTEND_LIMIT, x0 + half), 41):
+            v = fn(x)
+            if v < f0:
+                x0, f0 = float(x), v
+        half /= 20
+    return x0, f0
 
 
 @pytest.fixture(scope="module")
@@ -487,7 +495,7 @@ def test_search_stops_at_the_loss_noise_and_goes_to_a_bound_it_is_heading_for():
     assert r.x == pytest.approx(2.5, abs=1e-3) and not r.at_bound
     assert r.gain == pytest.approx(c + a - 2 * math.sqrt(a * c), abs=1e-9)
     # still falling at the first bound: the bound moves out and the minimum past it (ln 1000,
-    # loss 1e-3 (1 + ln 1000)) is bracketed within 12 evaluations
+    # loss 1e-3 (1 + ln 1000)) is bracketed within 12 evaluations and the extension's own
     r = minimize_log_beta(lambda x: math.exp(-x) + 1e-3 * x, 1.0, -1.0 + 1e-3, max_evals=12)
     assert not r.at_bound and abs(r.x - math.log(1e3)) < 0.3
     assert r.f == pytest.approx(1e-3 * (1 + math.log(1e3)), rel=0.01)

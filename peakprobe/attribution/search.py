@@ -15,8 +15,8 @@ until the parabola's vertex lies within ``xtol`` of the best point or promises l
 ``ftol``, or the bracket's ends lie within ``ftol`` of the best point; a best point on a bound is
 checked once against the point ``delta`` inside it; then both bounds are evaluated and the
 search continues from a bound that is lower. A minimum still on a bound moves that bound out
-(doubling it, up to ``EXTEND_LIMIT`` in |log beta|) and the search goes on from the points it
-has, so an optimum just past a bound, or between the bound and the point ``delta`` inside it,
+(doubling it, up to ``EXTEND_LIMIT`` in |log beta|, with ``EXTEND_EVALS`` evaluations of its
+own beyond ``max_evals``) and the search goes on from the points it has, so an optimum just past a bound, or between the bound and the point ``delta`` inside it,
 is found as an interior one to ``xtol``. A minimum on the last bound is reported as such
 (``at_bound``), its gain a lower bound (a softmax whose loss falls all the way to beta -> inf).
 With ``rtol`` it stops once a parabola promises less than that fraction of the gain found.
@@ -37,6 +37,11 @@ from dataclasses import dataclass
 
 LOG_BETA_BOUNDS = (-3.0, 3.0)
 EXTEND_LIMIT = 12.0  # |log beta| a search on a bound extends to (doubling that bound each time)
+# evaluations a search on a bound may spend beyond max_evals on moving it out: two a doubling (the
+# new bound and the point delta inside it; two doublings take 3 to 12) and four to refine a
+# minimum found past the old bound. Its own allowance, so that a search which spent its budget
+# inside the first bounds still extends them.
+EXTEND_EVALS = 8
 DELTA = 0.05  # the first step, and the span of the secant curvature
 SCREEN_POINT = 1.5  # |log beta| of a head's screening evaluation, downhill: half way to the bound
 SCREEN_FLAG = 0.5  # a head is searched where its screen promises this fraction of the floor
@@ -190,7 +195,7 @@ def minimize_log_beta(
     max_evals: int = MAX_EVALS, scan: tuple[float, ...] = (), check_bounds: bool = True,
     rtol: float = 0.0, known: dict[float, float] | None = None,
     concave_factor: float | None = None, start: float | None = None,
-    extend_to: float = EXTEND_LIMIT,
+    extend_to: float = EXTEND_LIMIT, extend_evals: int = EXTEND_EVALS,
 ) -> SearchResult:
     """Minimise f over x in ``bounds`` starting from f(0) = f0, f'(0) = g0 (see the module doc).
 
@@ -206,7 +211,8 @@ def minimize_log_beta(
     ``start``: the first point (instead of one step downhill), e.g. where a cheaper look at the
     curve puts the minimum; the secant curvature then spans [0, start].
     ``extend_to``: how far in |log beta| a bound the minimum sits on moves out (the module doc);
-    at most the given bounds' magnitude disables it."""
+    at most the given bounds' magnitude disables it. ``extend_evals``: the evaluations the moves
+    out may spend beyond ``max_evals``."""
     r = _bounded_search(f, f0, g0, delta=delta, bounds=bounds, xtol=xtol, ftol=ftol,
                         max_evals=max_evals, scan=scan, check_bounds=check_bounds, rtol=rtol,
                         known=known, concave_factor=concave_factor, start=start)
@@ -217,11 +223,12 @@ def minimize_log_beta(
         xs = sorted(pts)
         at_bound = best in (lo, hi) and best in (xs[0], xs[-1])
         spent = len(pts) - 1 - len(known or {})
-        if not at_bound or abs(best) >= extend_to or spent >= max_evals:
+        if not at_bound or abs(best) >= extend_to or spent >= max_evals + extend_evals:
             break
         lo, hi = (max(2 * lo, -extend_to), hi) if best == lo else (lo, min(2 * hi, extend_to))
+        budget = max_evals + extend_evals - spent
         pts, _ = _bounded_search(f, f0, g0, delta=delta, bounds=(lo, hi), xtol=xtol, ftol=ftol,
-                                 max_evals=max_evals - spent, scan=(lo if best == lo else hi,),
+                                 max_evals=budget, scan=(lo if best == lo else hi,),
                                  check_bounds=False, rtol=rtol, concave_factor=None, start=best,
                                  known={x: v for x, v in pts.items() if x != 0.0})
     n_evals = len(pts) - 1 - len({x for x in (known or {}) if x != 0.0})
