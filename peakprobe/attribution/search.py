@@ -359,7 +359,9 @@ def describe_attribution(windows: int, heads: str) -> dict:
                 "(and a learned sink logit)",
         "groups": "search: lm_head, attn_layer, attn_all by a secant step, a Newton jump and "
                   f"safeguarded parabolic interpolation on log beta in [{lo:g}, {hi:g}] (xtol "
-                  f"{XTOL:g}), then both bounds checked; lm_head after a 13-point scan",
+                  f"{XTOL:g}), then both bounds checked; a minimum on a bound moves it out "
+                  f"(doubling, to |log beta| {EXTEND_LIMIT:g}, {EXTEND_EVALS} more evaluations "
+                  "at most); lm_head after a 13-point scan",
         "heads": {
             "screen": f"screen: the loss at -sign(g) * {SCREEN_POINT:g}, on the first half of the "
                       "windows first (a head whose quadratic model there promises under "
