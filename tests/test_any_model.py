@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from extras import missing
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from peakprobe import results, vocab
@@ -142,7 +143,7 @@ def test_the_docs_example_trains_with_a_monitor_and_fit_and_report_read_it(tmp_p
 HAVE_OLMO = importlib.util.find_spec("olmo_core") is not None
 
 
-@pytest.mark.skipif(not HAVE_OLMO, reason="ai2-olmo-core is not installed (.ci/run installs it)")
+@pytest.mark.skipif(not HAVE_OLMO, reason=missing("olmo_core", "ai2-olmo-core is not installed (.ci/run installs it)"))
 def test_an_olmo_core_model_trained_with_a_monitor_matches_its_hugging_face_llama(tmp_path):
     from olmo_core.nn.hf.convert import convert_state_to_hf
     from olmo_core.nn.transformer import TransformerConfig

@@ -18,12 +18,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from extras import missing
 
 # Located, not imported: importing triton here would make test_triton_parity.py (collected
 # later) find it loaded without the interpreter.
 _SPEC = importlib.util.find_spec("triton")
 if _SPEC is None:
-    pytest.skip("triton is not installed", allow_module_level=True)
+    pytest.skip(missing("triton", "triton is not installed"), allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "kernel_aot.py"
@@ -33,7 +34,7 @@ pytestmark = [
     pytest.mark.triton,
     pytest.mark.skipif(
         not (BIN / "ptxas").exists() or not (BIN / "cuobjdump").exists(),
-        reason="triton's ptxas / cuobjdump are not shipped here",
+        reason=missing("triton", "triton's ptxas / cuobjdump are not shipped here"),
     ),
 ]
 

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from extras import missing
 from synthetic import make_run
 
 from peakprobe.fits import fit_run
@@ -45,10 +46,10 @@ def _browser_paths() -> tuple[str, str]:
     )
     driver = shutil.which("chromedriver")
     if browser is None or driver is None:
-        pytest.skip(
-            "headless browser test needs Debian's chromium and chromium-driver "
+        pytest.skip(missing(
+            "chromium", "headless browser test needs Debian's chromium and chromium-driver "
             "(apt-get install -y chromium chromium-driver); not found on PATH"
-        )
+        ))
     return browser, driver
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from extras import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -35,7 +36,7 @@ def test_the_counter_sees_planted_syncs():
     assert mode.syncs["layer"] >= 3 and mode.ops["layer"] >= 4
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason=missing("triton", "triton is not installed"))
 @pytest.mark.parametrize("arch", ["llama_gqa", "gemma2_softcap"])
 def test_no_host_sync_per_attention_layer(arch):
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")

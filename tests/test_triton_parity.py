@@ -34,6 +34,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from extras import missing
 
 DEVICE = os.environ.get("PEAKPROBE_TRITON_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda"
@@ -44,7 +45,7 @@ if not ON_GPU and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"
 
 triton = pytest.importorskip(
-    "triton", reason="triton is not installed (pip install triton)", exc_type=ImportError
+    "triton", reason=missing("triton", "triton is not installed (pip install triton)"), exc_type=ImportError
 )
 
 from conftest import ARCHS, tiny_config  # noqa: E402
