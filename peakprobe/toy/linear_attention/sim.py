@@ -149,6 +149,21 @@ def _draw_context(rng: np.random.Generator, dist: tuple[np.ndarray, np.ndarray],
     return values[np.minimum(np.searchsorted(cdf, rng.random(shape)), len(values) - 1)]
 
 
+def _draw_readout(rng: np.random.Generator, task: np.ndarray, ctx: np.ndarray,
+                  context_dist: tuple[np.ndarray, np.ndarray] | None,
+                  task_context: np.ndarray | None) -> np.ndarray:
+    """The context's readout |h| of every sequence, (G, seeds, B) for ``task`` (seeds, B): m for
+    the mean readout (N per group ``ctx`` (G, 1, 1), or drawn per sequence from
+    ``context_dist``), N_k m for the summed readout with N tied to the task."""
+    shape = (1, *task.shape)
+    if context_dist is not None:
+        return _draw_m(rng, _draw_context(rng, context_dist, shape), shape)
+    if task_context is not None:  # summed readout: h = w N m e_k
+        n_task = task_context[task][None]  # (1, seeds, B)
+        return n_task * _draw_m(rng, n_task, shape)
+    return _draw_m(rng, ctx, (ctx.shape[0], *task.shape))
+
+
 @dataclass
 class FreshRun:
     """SGD on fresh batches: ``loss[r, t]`` the batch loss of replica r at step t (before the
@@ -210,13 +225,7 @@ def train_fresh(
         task = np.minimum(np.searchsorted(cdf, rng.random((seeds, batch))), len(probs) - 1)
         sign = rng.integers(0, 2, (seeds, batch)) * 2.0 - 1.0
         g_q = rng.standard_normal((seeds, batch))
-        if context_dist is not None:
-            m_val = _draw_m(rng, _draw_context(rng, context_dist, (1, seeds, batch)), (1, seeds, batch))
-        elif task_context is not None:  # summed readout: h = w N m e_k
-            n_task = task_context[task][None]  # (1, seeds, B)
-            m_val = n_task * _draw_m(rng, n_task, (1, seeds, batch))
-        else:
-            m_val = _draw_m(rng, ctx, (groups, seeds, batch))  # (G, seeds, B)
+        m_val = _draw_readout(rng, task, ctx, context_dist, task_context)  # (G, seeds, B)
         feat = torch.from_numpy(np.where(task < m, task, -1)).repeat(groups, 1)  # (S, B)
         sign_t = torch.from_numpy(sign).float().repeat(groups, 1)
         g_t = torch.from_numpy(g_q).float().repeat(groups, 1)
