@@ -63,7 +63,7 @@ class FitCurveResult:
 
 @dataclass
 class ToyResult:
-    """What a toy run wrote: its folder, the ``summary.json`` document, and the text the command
+    """What a toy run wrote: its folder, the ``toy.json`` document, and the text the command
     line prints (every fitted exponent with its interval and verdict)."""
 
     out_dir: Path

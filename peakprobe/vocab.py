@@ -196,6 +196,8 @@ LAYOUTS: tuple[str, ...] = (DOCUMENT, PACKED, PACKED_DOCS)
 # -- run-directory files written beside the results (see results.py) ---------------------------------
 #: checkpoints whose weights duplicate another's, written by the sweep; fits exclude them
 INTEGRITY = "integrity.json"
+#: what a toy run (``peakprobe toy peaked|linear``) writes beside its figures: exponents, windows
+TOY_FILE = "toy.json"
 
 # -- verdict words -------------------------------------------------------------------------------
 #: the three-way judgement of an exponent against 1/3 (see fits)

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from conftest import STEPS, write_sequence
 
+from peakprobe import vocab
 from peakprobe.cli import main
 
 
@@ -90,7 +91,7 @@ def test_fit_with_too_few_checkpoints_is_a_one_line_error(finished_run, tmp_path
 
 def test_toy_linear_quick_from_the_command_line(tmp_path):
     assert main(["toy", "linear", "--quick", "--out", str(tmp_path), "-q"]) == 0
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / vocab.TOY_FILE).read_text())
     # Softmax-free attention: the time exponent is set by the data spectrum, a / (1 + a) for
     # feature frequencies ~ k^-(1 + a), not by 1/3.
     a = summary["config"]["zipf_a"]

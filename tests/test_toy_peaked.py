@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from peakprobe import vocab
 from peakprobe.toy.peaked_softmax import (
     PeakedRun,
     ToyConfigError,
@@ -122,7 +123,7 @@ def test_cli_peaked_writes_plot_and_summary_and_prints_the_verdicts(tmp_path, ca
     assert main(["toy", "peaked", "--optimizer", "sgd", "--steps", "2500", "--out",
                  str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    saved = json.loads((tmp_path / "summary.json").read_text())
+    saved = json.loads((tmp_path / vocab.TOY_FILE).read_text())
     assert printed.strip().splitlines()[:-1] == format_peaked(saved).splitlines()
     number = r"-?\d+\.\d{3}"
     for label in ("loss decay", "\\|\\|W\\|\\| growth", "logit std growth"):

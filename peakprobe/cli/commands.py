@@ -262,7 +262,7 @@ def _toy_run(args, command):
         laws = None if args.law == "all" else (args.law,)
         toy = api.toy_linear(out, quick=args.quick, seed=args.seed, laws=laws, progress=not args.quiet)
     say(args, toy.text)
-    say(args, f"plots and summary.json: {out}")
+    say(args, f"plots and {vocab.TOY_FILE}: {out}")
     return 0
 
 

@@ -307,7 +307,7 @@ def cli_peaked(
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """``peakprobe toy peaked``: train, fit, plot; write plots + summary.json into ``out_dir``."""
+    """``peakprobe toy peaked``: train, fit, plot; write plots + ``vocab.TOY_FILE`` into ``out_dir``."""
     names = ["sgd", "adam"] if optimizer.lower() == "both" else [optimizer.lower()]
     for name in names:
         if name not in DEFAULTS:
@@ -323,5 +323,5 @@ def cli_peaked(
                          if k in ("steps", "loss", "w_norm", vocab.LOGIT_STD)}
         summary["runs"][name] = fit
         summary["plots"] += [p.name for p in paths]
-    write_json(out_dir / "summary.json", summary)
+    write_json(out_dir / vocab.TOY_FILE, summary)
     return summary
