@@ -30,7 +30,7 @@ N_WINDOWS = 6  # 3 batches of 2: ranks get 1 and 2 (FSDP2 pads the first)
 BATCH = 2
 
 
-def tiny(arch: str, seed: int = 0) -> torch.nn.Module:
+def tiny(arch: str, seed: int = 0, dropout: float = 0.0) -> torch.nn.Module:
     """2 layers; GPT-NeoX 4 heads, or Llama 4 query heads over 2 key/value heads (GQA)."""
     torch.manual_seed(seed)
     if arch == "neox":
@@ -38,19 +38,19 @@ def tiny(arch: str, seed: int = 0) -> torch.nn.Module:
 
         cfg = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                             num_attention_heads=4, max_position_embeddings=64, rotary_pct=0.25,
-                            hidden_dropout=0.0, attention_dropout=0.0, bos_token_id=0, eos_token_id=0)
+                            hidden_dropout=dropout, attention_dropout=dropout, bos_token_id=0, eos_token_id=0)
         model = GPTNeoXForCausalLM(cfg)
     elif arch == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
         cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                          tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+                          attention_dropout=dropout, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
         model = LlamaForCausalLM(cfg)
     else:
         raise SystemExit(f"unknown arch {arch}")
     model.config._attn_implementation = "eager"
-    return model.eval()
+    return model
 
 
 def eval_data() -> EvalData:
@@ -60,9 +60,9 @@ def eval_data() -> EvalData:
     return EvalData(ids, torch.ones_like(ids), "repeat-windows", token_hash(ids))
 
 
-def config() -> SweepConfig:
-    return SweepConfig(batch_size=BATCH, probe=live_config(attribution=False).probe,
-                       attribution=live_config(attribution=False).attribution)
+def config(dtype: str = "float32") -> SweepConfig:
+    live = live_config(attribution=False, dtype=dtype)  # statistics in the model's dtype
+    return SweepConfig(batch_size=BATCH, probe=live.probe, attribution=live.attribution)
 
 
 def layers(model):
@@ -109,42 +109,100 @@ def wrap(model, mode: str):
     return parallelize_module(model, mesh, tp_plan(model, mode == "tp-vocab"))
 
 
-def probe(mode: str, arch: str, out: Path, *, fail_rank: int | None = None, count: bool = False) -> dict:
+def probe(mode: str, arch: str, out: Path, *, dtype: str = "float32", fail_rank: int | None = None,
+          count: bool = False) -> dict:
     """Probe step 0 (and, with ``fail_rank``, step 2 with that rank's statistics raising)."""
-    model = wrap(tiny(arch), mode) if mode != "single" else tiny(arch)
-    monitor = Monitor(eval_data(), out / "run", total_steps=2, n_points=2, config=config(), timeout=60)
+    model = tiny(arch).to(getattr(torch, dtype)).eval()
+    model = wrap(model, mode) if mode != "single" else model
+    monitor = Monitor(eval_data(), out / "run", total_steps=2, n_points=2, config=config(dtype), timeout=60)
     monitor.watch(model)
     counts = {"all_reduce": 0, "all_gather": 0, "all_gather_object": 0}
+    real = {name: getattr(dist, name) for name in counts}
     if count:
         for name in counts:
-            real = getattr(dist, name)
-
-            def counted(*a, _real=real, _name=name, **k):
+            def counted(*a, _name=name, **k):
                 counts[_name] += 1
-                return _real(*a, **k)
+                return real[_name](*a, **k)
 
             setattr(dist, name, counted)
-    monitor.step(0)
-    if fail_rank is not None:
-        from peakprobe.hooks.engine import SiteStats
+    try:
+        monitor.step(0)
+        if fail_rank is not None:
+            from peakprobe.hooks.engine import SiteStats
 
-        if dist.get_rank() == fail_rank:
-            def broken(self, *a, **k):
-                raise ValueError("planted failure in the statistics")
+            attention = SiteStats.attention
+            if dist.get_rank() == fail_rank:
+                def broken(self, *a, **k):
+                    raise ValueError("planted failure in the statistics")
 
-            SiteStats.attention = broken
-        monitor.step(2)
+                SiteStats.attention = broken
+            try:
+                monitor.step(2)
+            finally:
+                SiteStats.attention = attention
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
     return {"done": sorted(monitor.done), "failed": monitor.failed, "all_reduces": monitor.all_reduces,
             "counts": counts, "layout": monitor.layout.describe()}
 
 
-def worker(rank: int, world: int, port: int, mode: str, arch: str, out: str, fail_rank, count) -> None:
+def train(out: Path | None, *, steps: int = 12, seed: int = 0) -> list[float]:
+    """FSDP2 training of the tiny GPT-NeoX (dropout 0.1) on per-rank batches; with a Monitor
+    writing ``out``/run when ``out`` is given. The training losses, one per update."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = tiny("neox", seed, dropout=0.1)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 3))
+    monitor = None
+    if out is not None:
+        monitor = Monitor(eval_data(), out / "run", total_steps=steps, n_points=8, start=3,
+                          config=config(), timeout=60)
+        monitor.watch(model, optimizer, scheduler)
+        monitor.step(0)
+    g = torch.Generator().manual_seed(100 + dist.get_rank())  # each rank its own data
+    torch.manual_seed(seed + dist.get_rank())
+    losses = []
+    model.train()
+    for step in range(1, steps + 1):
+        half = torch.randint(1, VOCAB, (4, WINDOW // 2), generator=g)
+        batch = torch.cat([half, half], dim=1)
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        if monitor is not None:
+            monitor.step(step)
+    if monitor is not None:
+        monitor.close()
+    return losses
+
+
+def worker(rank: int, world: int, port: int, jobs: list[dict], out: str) -> None:
+    """Run ``jobs`` in one gloo process group: each ``{"name": ..., "mode": ..., "arch": ...}``
+    (``probe``'s keywords besides) writes OUT/name/rank<r>.json; ``{"name": ..., "train":
+    true}`` trains without and with the Monitor and writes both loss lists."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
     try:
-        got = probe(mode, arch, Path(out), fail_rank=fail_rank, count=count)
-        (Path(out) / f"rank{rank}.json").write_text(json.dumps(got))
+        for job in jobs:
+            job = dict(job)
+            where = Path(out) / job.pop("name")
+            if job.pop("train", False):
+                got = {"without": train(None), "with": train(where)}
+            else:
+                got = probe(job.pop("mode"), job.pop("arch"), where, **job)
+            where.mkdir(parents=True, exist_ok=True)
+            (where / f"rank{rank}.json").write_text(json.dumps(got))
     finally:
         dist.destroy_process_group()
 
