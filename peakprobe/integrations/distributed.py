@@ -7,7 +7,7 @@ mesh, ``parallelize_module``: each rank computes its local heads). ``probe_ranks
 the probe forward on every rank:
 
 * **Windows.** The evaluation batches (``EvalData.batches``, the single-process ones) are split
-  into contiguous blocks, one per data-parallel rank, so every window is probed exactly once
+  into contiguous blocks, one per data-parallel rank (the first ranks take one more), so every window is probed exactly once
   and each forward sees the batch a single process would. Under FSDP2 the forward is collective,
   so a rank with one batch fewer runs one more forward whose statistics are discarded. Under
   tensor parallel every rank runs every batch (its heads).
@@ -143,7 +143,8 @@ def rank_batches(data: EvalData, batch_size: int, layout: Layout) -> tuple[list,
     as the rank with the most batches."""
     batches = list(data.batches(batch_size))
     n, k, r = len(batches), layout.dp_size, layout.dp_rank
-    mine = batches[r * n // k : (r + 1) * n // k]
+    first = r * (n // k) + min(r, n % k)  # the first n % k ranks take one batch more
+    mine = batches[first : first + n // k + (r < n % k)]
     # a collective forward needs as many forwards on every rank; a replica with no batch runs
     # one anyway, so that its (dropped) statistics give the merge its layout
     pad = (-(-n // k) - len(mine)) if layout.sharded else int(not mine)
