@@ -186,6 +186,40 @@ def train(out: Path | None, *, steps: int = 12, seed: int = 0) -> list[float]:
     return losses
 
 
+def callback(out: Path, steps: int = 6) -> dict:
+    """The Trainer callback driven through the events the Trainer sends, on an FSDP2 model
+    (accelerate's FSDP2 needs accelerators; on CPU it runs DDP): probes written on rank 0."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from peakprobe.integrations import PeakprobeCallback
+
+    model = tiny("llama", 0)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    args = TrainingArguments(str(out / "trainer"), max_steps=steps, warmup_steps=2, use_cpu=True, report_to=[])
+    state = TrainerState(max_steps=steps, is_world_process_zero=dist.get_rank() == 0)
+    control = TrainerControl()
+    cb = PeakprobeCallback(None, eval_data(), out / "run", n_points=4)  # live_config(): gains asked for
+    cb.on_train_begin(args, state, control, model=model, optimizer=optimizer, lr_scheduler=None)
+    g = torch.Generator().manual_seed(100 + dist.get_rank())
+    model.train()
+    for step in range(1, steps + 1):
+        batch = torch.randint(1, VOCAB, (2, WINDOW), generator=g)
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        state.global_step = step
+        cb.on_step_end(args, state, control)
+    cb.on_train_end(args, state, control)
+    return {"done": sorted(cb.monitor.done), "planned": cb.monitor.planned, "layout": cb.monitor.layout.describe(),
+            "failed": cb.monitor.failed, "attribution_steps": cb.monitor.attribution_steps}
+
+
 def worker(rank: int, world: int, port: int, jobs: list[dict], out: str) -> None:
     """Run ``jobs`` in one gloo process group: each ``{"name": ..., "mode": ..., "arch": ...}``
     (``probe``'s keywords besides) writes OUT/name/rank<r>.json; ``{"name": ..., "train":
@@ -199,6 +233,8 @@ def worker(rank: int, world: int, port: int, jobs: list[dict], out: str) -> None
             where = Path(out) / job.pop("name")
             if job.pop("train", False):
                 got = {"without": train(None), "with": train(where)}
+            elif job.pop("callback", False):
+                got = callback(where)
             else:
                 got = probe(job.pop("mode"), job.pop("arch"), where, **job)
             where.mkdir(parents=True, exist_ok=True)

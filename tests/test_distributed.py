@@ -242,3 +242,20 @@ def test_fsdp_training_with_monitor_unchanged_and_fitted(tmp_path):
     assert (run / "fits.parquet").exists()
     assert main(["report", str(run)]) == 0
     assert (run / "report" / "report.html").exists()
+
+
+@pytest.mark.slow
+def test_trainer_callback_under_fsdp2(tmp_path):
+    """The Trainer callback, sent the Trainer's events, on an FSDP2 model in two processes:
+    every planned step written once (by rank 0), no failure; the gains it was asked for are
+    skipped and the run says so."""
+    got = _spawn([{"name": "cb", "callback": True}], tmp_path)["cb"]
+    zero, one = got
+    assert zero["layout"]["kind"] == one["layout"]["kind"] == "fsdp2"
+    assert zero["done"] == zero["planned"] and one["done"] == [] and not zero["failed"]
+    written = sorted(int(p.stem[4:]) for p in (tmp_path / "cb" / "run" / "checkpoints").glob("*.parquet"))
+    assert written == zero["planned"]
+    assert zero["attribution_steps"] == []
+    record = json.loads((tmp_path / "cb" / "run" / "monitor.json").read_text())
+    assert record["distributed"]["kind"] == "fsdp2" and "gains are skipped" in record["gains_skipped"]
+    assert json.loads((tmp_path / "cb" / "run" / "manifest.json").read_text())["attribution"] is None
