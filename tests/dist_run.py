@@ -250,7 +250,14 @@ if __name__ == "__main__":
         dist.init_process_group("gloo")
     got = probe(mode, arch, out)
     if mode == "single" or dist.get_rank() == 0:
-        print(f"{mode} {arch}: probes at steps {got['done']}, {got['all_reduces']} all-reduces per probe, "
-              f"layout {got['layout']}", flush=True)
+        import pandas as pd
+
+        frame = pd.read_parquet(out / "run" / "checkpoints" / "step0.parquet")
+        attn = frame[frame.site_kind == "attn"]
+        lm = frame[frame.site_kind == "lm_head"].set_index("metric")["value"]
+        print(f"{mode} {arch}: layout {got['layout']}; probes at steps {got['done']}, "
+              f"{got['all_reduces']} all-reduces per probe; heads {sorted(set(attn['head']))} in layers "
+              f"{sorted(set(attn['layer']))}; LM head entropy {lm['entropy']:.6f}, logit_max {lm['logit_max']:.6f}",
+              flush=True)
     if mode != "single":
         dist.destroy_process_group()
