@@ -220,6 +220,26 @@ def callback(out: Path, steps: int = 6) -> dict:
             "failed": cb.monitor.failed, "attribution_steps": cb.monitor.attribution_steps}
 
 
+def stalled(out: Path) -> dict:
+    """Rank 1 never joins rank 0's probe (as a rank stuck elsewhere): rank 0's merge gives up
+    after its 2 s timeout with a DistributedProbeError instead of hanging."""
+    import time
+
+    from peakprobe.integrations.distributed import DistributedProbeError
+
+    monitor = Monitor(eval_data(), out / "run", total_steps=2, n_points=2, config=config(), timeout=2)
+    monitor.watch(tiny("llama"))
+    if dist.get_rank() == 1:
+        time.sleep(10)
+        return {"error": None}
+    started = time.perf_counter()
+    try:
+        monitor.step(0)
+    except DistributedProbeError as exc:
+        return {"error": str(exc), "seconds": time.perf_counter() - started}
+    return {"error": None}
+
+
 def worker(rank: int, world: int, port: int, jobs: list[dict], out: str) -> None:
     """Run ``jobs`` in one gloo process group: each ``{"name": ..., "mode": ..., "arch": ...}``
     (``probe``'s keywords besides) writes OUT/name/rank<r>.json; ``{"name": ..., "train":
@@ -235,6 +255,11 @@ def worker(rank: int, world: int, port: int, jobs: list[dict], out: str) -> None
                 got = {"without": train(None), "with": train(where)}
             elif job.pop("callback", False):
                 got = callback(where)
+            elif job.pop("stalled", False):
+                got = stalled(where)
+                where.mkdir(parents=True, exist_ok=True)
+                (where / f"rank{rank}.json").write_text(json.dumps(got))
+                os._exit(0)  # a collective is left pending: no orderly shutdown of the group
             else:
                 got = probe(job.pop("mode"), job.pop("arch"), where, **job)
             where.mkdir(parents=True, exist_ok=True)

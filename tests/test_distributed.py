@@ -259,3 +259,13 @@ def test_trainer_callback_under_fsdp2(tmp_path):
     record = json.loads((tmp_path / "cb" / "run" / "monitor.json").read_text())
     assert record["distributed"]["kind"] == "fsdp2" and "gains are skipped" in record["gains_skipped"]
     assert json.loads((tmp_path / "cb" / "run" / "manifest.json").read_text())["attribution"] is None
+
+
+@pytest.mark.slow
+def test_merge_waits_at_most_its_timeout(tmp_path):
+    """A rank that never joins the probe (stuck, or dead): rank 0's merge raises
+    DistributedProbeError after ``Monitor(timeout=2)`` seconds, naming itself, instead of hanging."""
+    zero, one = _spawn([{"name": "stalled", "stalled": True}], tmp_path)["stalled"]
+    assert one["error"] is None
+    assert zero["error"].startswith("rank 0: the probe's merge waited 2 s for the other ranks")
+    assert zero["seconds"] < 10  # before rank 1 (asleep 10 s) ever left

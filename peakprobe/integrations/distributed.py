@@ -186,13 +186,12 @@ class _Guard:
     """Wraps a probe's statistics calls: the first error is kept, later calls only note their
     group (so the merged layout stays whole) and the model's forward goes on."""
 
-    def __init__(self, stats, layout: Layout) -> None:
+    def __init__(self, stats) -> None:
         self.stats = stats
         self.error: BaseException | None = None
         self.trace = ""
         self._attention, self._lm_head = stats.attention, stats.lm_head
         stats.attention, stats.lm_head = self.attention, self.lm_head
-        self.layout = layout
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
@@ -291,7 +290,7 @@ def _local_probe(model, data: EvalData, config: SweepConfig, layout: Layout, for
     try:
         check_model(model, data, type(model).__name__)
         with (attach(model, config.probe) if hf else probe_sdpa(model, config.probe)) as probe:
-            guard = _Guard(probe.stats, layout)
+            guard = _Guard(probe.stats)
             run = (lambda b: probe.run_batch(*b)) if hf else (lambda b: probe.run_batch(*b, forward=forward))
             for batch in batches:
                 run(batch)

@@ -28,10 +28,8 @@ the maximum seen so far) means a tau written early never changes later. The per-
 learning rates go to ``RUN/monitor.json`` (``vocab.MONITOR_FILE``), which also lets a resumed run
 continue the sum.
 
-Several processes (DDP, FSDP2, tensor parallel under ``torch.distributed``): every rank probes
-its share of the windows at the planned steps and the accumulators merge with one all-reduce per
-reduce op (``integrations.distributed``); rank 0 alone writes the run directory and logs. Gains
-run on rank 0 for replicas and are skipped on sharded models (``distributed.GAINS_SKIPPED``).
+Under ``torch.distributed`` (DDP, FSDP2, tensor parallel) every rank probes its share of the
+windows and the ranks merge (``integrations.distributed``); rank 0 alone writes and logs.
 """
 
 from __future__ import annotations
