@@ -145,7 +145,7 @@ def runs(tmp_path_factory) -> tuple[Path, dict]:
         {"name": "tp-llama", "mode": "tp-vocab", "arch": "llama", "count": True},
         {"name": "tp64-neox", "mode": "tp-vocab", "arch": "neox", "dtype": "float64"},
         {"name": "tp64-llama", "mode": "tp", "arch": "llama", "dtype": "float64"},
-        {"name": "fail", "mode": "ddp", "arch": "llama", "fail_rank": 1, "count": True},
+        {"name": "fail", "mode": "fsdp", "arch": "llama", "fail_rank": 1, "count": True},
     ]
     got = _spawn(jobs, out)
     for arch in ("neox", "llama"):
@@ -215,9 +215,9 @@ def test_collectives_per_probe(runs):
 
 @pytest.mark.slow
 def test_failing_rank_is_said_on_rank_zero(runs):
-    """Rank 1's statistics raise at step 2: rank 0 records the rank and the error in one line;
-    both ranks go on (the probe's collectives all ran: 2 all-reduces, then one gather of the
-    messages)."""
+    """FSDP2, rank 1's statistics raise at step 2: its forward goes on (FSDP's collectives all
+    run), rank 0 records the rank and the error in one line, both ranks go on (2 all-reduces,
+    then one gather of the messages)."""
     out, got = runs
     zero, one = got["fail"]
     assert zero["done"] == [0] and zero["failed"] == ["step2"] and one["failed"] == []

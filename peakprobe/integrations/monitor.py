@@ -197,7 +197,8 @@ class Monitor:
     ``schedule`` (a schedule.json record) only describes the run in the manifest (the fits
     start their window after its ``warmup_steps``); tau always comes from the recorded rates.
     ``logit_max_alarm``: the largest attention logit that raises an alarm naming the head
-    (default ``vocab.LOGIT_MAX_ALARM``, 100; None: none).
+    (default ``vocab.LOGIT_MAX_ALARM``, 100; None: none). Under ``torch.distributed`` call
+    ``step`` on every rank; ``timeout``: seconds the merge waits for the other ranks.
 
     Any PyTorch model whose attention calls ``F.scaled_dot_product_attention`` (nanoGPT, litgpt,
     OLMo-core, torchtitan's sdpa path) is probed through those calls (``hooks.sdpa``): a model
@@ -239,7 +240,7 @@ class Monitor:
         self.data = data
         self.logit_max_alarm = logit_max_alarm
         self.forward = forward
-        self.timeout = float(timeout)  # seconds a distributed probe's merge waits for its peers
+        self.timeout = float(timeout)
         self.layout = Layout()
         self.gains_skipped: str | None = None
         self.all_reduces = 0  # all-reduces the last distributed probe ran
