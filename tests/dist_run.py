@@ -110,8 +110,9 @@ def wrap(model, mode: str):
 
 
 def probe(mode: str, arch: str, out: Path, *, dtype: str = "float32", fail_rank: int | None = None,
-          count: bool = False) -> dict:
-    """Probe step 0 (and, with ``fail_rank``, step 2 with that rank's statistics raising)."""
+          count: bool = False, fail_first: bool = False) -> dict:
+    """Probe step 0 (and, with ``fail_rank``, step 2 with that rank's statistics raising; with
+    ``fail_first`` too, step 0 already)."""
     model = tiny(arch).to(getattr(torch, dtype)).eval()
     model = wrap(model, mode) if mode != "single" else model
     monitor = Monitor(eval_data(), out / "run", total_steps=2, n_points=2, config=config(dtype), timeout=60)
@@ -125,22 +126,23 @@ def probe(mode: str, arch: str, out: Path, *, dtype: str = "float32", fail_rank:
                 return real[_name](*a, **k)
 
             setattr(dist, name, counted)
+    from peakprobe.hooks.engine import SiteStats
+
+    attention = SiteStats.attention
+
+    def broken(self, *a, **k):
+        raise ValueError("planted failure in the statistics")
+
     try:
+        if fail_first and dist.get_rank() == fail_rank:  # no earlier probe gave the layout
+            SiteStats.attention = broken
         monitor.step(0)
         if fail_rank is not None:
-            from peakprobe.hooks.engine import SiteStats
-
-            attention = SiteStats.attention
             if dist.get_rank() == fail_rank:
-                def broken(self, *a, **k):
-                    raise ValueError("planted failure in the statistics")
-
                 SiteStats.attention = broken
-            try:
-                monitor.step(2)
-            finally:
-                SiteStats.attention = attention
+            monitor.step(2)
     finally:
+        SiteStats.attention = attention
         for name, fn in real.items():
             setattr(dist, name, fn)
     return {"done": sorted(monitor.done), "failed": monitor.failed, "all_reduces": monitor.all_reduces,
