@@ -146,7 +146,7 @@ def runs(tmp_path_factory) -> tuple[Path, dict]:
         {"name": "tp64-neox", "mode": "tp-vocab", "arch": "neox", "dtype": "float64"},
         {"name": "tp64-llama", "mode": "tp", "arch": "llama", "dtype": "float64"},
         {"name": "fail", "mode": "fsdp", "arch": "llama", "fail_rank": 1, "count": True},
-        {"name": "fail-first", "mode": "tp", "arch": "neox", "fail_rank": 0, "fail_first": True},
+        {"name": "fail-first", "mode": "tp-vocab", "arch": "neox", "fail_rank": 0, "fail_first": True},
     ]
     got = _spawn(jobs, out)
     for arch in ("neox", "llama"):
@@ -228,7 +228,8 @@ def test_failing_rank_is_said_on_rank_zero(runs):
     assert len(lines) == 1 and record["ranks"] == [1] and record["step"] == 2
     assert record["error"] == "rank 1 raised ValueError: planted failure in the statistics"
     assert not (out / "fail" / "run" / "checkpoints" / "step2.parquet").exists()
-    # tensor parallel, rank 0 failing at the first probe (no earlier layout): both probes dropped
+    # tensor parallel with a vocab-parallel LM head, rank 0 failing at the first probe (no earlier
+    # layout): its LM head still joins the gathers, both probes are dropped, nothing hangs
     zero, one = got["fail-first"]
     assert zero["failed"] == ["step0", "step2"] and zero["done"] == [] and one["failed"] == []
     record = json.loads((out / "fail-first" / "run" / "failures.jsonl").read_text().splitlines()[0])

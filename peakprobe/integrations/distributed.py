@@ -216,7 +216,8 @@ class _Guard:
         return None
 
     def lm_head(self, logits, kept, target):
-        if self.error is None:
+        # a vocab-parallel head gathers across the ranks: it takes part even after an error
+        if self.error is None or _vocab_sharded(logits):
             try:
                 return self._lm_head_call(logits, kept, target)
             except Exception as exc:  # noqa: BLE001
@@ -227,13 +228,21 @@ class _Guard:
         return None
 
     def _lm_head_call(self, logits, kept, target):
-        from torch.distributed.tensor import DTensor, Shard
+        from torch.distributed.tensor import DTensor
 
+        if _vocab_sharded(logits):
+            return vocab_parallel_lm_head(self.stats, logits, kept, target)
         if isinstance(logits, DTensor):
-            if any(isinstance(p, Shard) and p.dim % logits.ndim == logits.ndim - 1 for p in logits.placements):
-                return vocab_parallel_lm_head(self.stats, logits, kept, target)
             logits = logits.full_tensor()  # replicated (or sharded elsewhere): the whole logits
         return self._lm_head(logits, kept, target)
+
+
+def _vocab_sharded(logits) -> bool:
+    """True for logits that are a DTensor sharded on the vocabulary (the last dimension)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return isinstance(logits, DTensor) and any(
+        isinstance(p, Shard) and p.dim % logits.ndim == logits.ndim - 1 for p in logits.placements)
 
 
 def vocab_parallel_lm_head(stats, logits, kept: torch.Tensor, target: torch.Tensor) -> None:
