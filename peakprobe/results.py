@@ -339,14 +339,23 @@ def _read_table(path: Path) -> pa.Table:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         raise DamagedFileError(f"is not a readable parquet file ({_why(exc)})") from exc
-    if not table.schema.remove_metadata().equals(RESULT_SCHEMA):
-        fields = {f.name: f.type for f in table.schema}
-        off = [n for n, t in zip(RESULT_SCHEMA.names, RESULT_SCHEMA.types, strict=True)
-               if fields.get(n) != t] or sorted(set(fields) - set(RESULT_SCHEMA.names))
+    fields = {f.name: f.type for f in table.schema}
+    off = [n for n, t in zip(RESULT_SCHEMA.names, RESULT_SCHEMA.types, strict=True)
+           if not _same_type(fields.get(n), t)] or sorted(set(fields) - set(RESULT_SCHEMA.names))
+    if off:
         raise DamagedFileError(f"does not have the results schema (columns {', '.join(off)})")
+    table = table.select(RESULT_SCHEMA.names).cast(RESULT_SCHEMA)
     if table.num_rows == 0:
         raise DamagedFileError("holds no rows")
     return table
+
+
+def _same_type(found: pa.DataType | None, want: pa.DataType) -> bool:
+    """Equal types, counting pandas' large strings as strings (a file rewritten by pandas)."""
+    if found is None:
+        return False
+    strings = (pa.types.is_string, pa.types.is_large_string)
+    return found == want or any(f(found) for f in strings) and pa.types.is_string(want)
 
 
 def _identity_problem(path: Path, table: pa.Table, manifest: dict | None) -> str | None:
