@@ -21,6 +21,7 @@ import gc
 import os
 import shutil
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ from .attribution import describe_attribution
 from .checkpoint import CheckpointError, load_model, probe_model, tidy_frame
 from .checkpoints_index import Checkpoint, CheckpointSequence
 from .checkpoints_index.cache import cached_refs, delete_cached_revisions
+from .checkpoints_index.hub import is_network_error
 from .checkpoints_index.integrity import integrity_record
 from .config import ConfigError, SweepConfig
 from .data import EvalData
@@ -193,6 +195,25 @@ def _source(seq: CheckpointSequence, ckpt: Checkpoint) -> tuple[str, str | None]
     return (ckpt.path, None) if ckpt.path is not None else (seq.source, ckpt.revision)
 
 
+#: a hub checkpoint whose download breaks off (a reset connection, a 5xx answer) is loaded again
+#: up to this many times in all; huggingface_hub resumes the files it has
+LOAD_TRIES = 3
+RETRY_SECONDS = 1.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed load is worth trying again: a network error or a 429/5xx answer."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        status = getattr(getattr(current, "response", None), "status_code", None)
+        if is_network_error(current) or status in (429, 500, 502, 503, 504):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _claim(run_dir: Path, ckpt: Checkpoint) -> FileLock | None:
     """This checkpoint's lock, held, when no other process holds it and it is not done yet."""
     lock = _lock(run_dir, ckpt.revision)
@@ -215,10 +236,13 @@ def _loader(seq, todo, config, device, run_dir) -> Iterator[tuple[Checkpoint, Fi
     pool = ThreadPoolExecutor(max_workers=1) if config.prefetch else None
 
     def load(c):
-        try:
-            return load_model(*_source(seq, c), config, device)
-        except Exception as exc:  # reported per checkpoint, never fatal
-            return exc
+        for attempt in range(LOAD_TRIES):
+            try:
+                return load_model(*_source(seq, c), config, device)
+            except Exception as exc:  # reported per checkpoint, never fatal
+                if c.path is not None or attempt + 1 == LOAD_TRIES or not is_transient(exc):
+                    return exc
+                time.sleep(RETRY_SECONDS * 2**attempt)
 
     busy: list[Checkpoint] = []
     held: list[FileLock] = []  # claimed, not yet handed to the consumer
