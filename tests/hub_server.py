@@ -10,7 +10,8 @@ as LFS files are, by a redirect to another host name of this server (``localhost
 (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``, ``GatedRepo``).
 
 Faults are planted per path: an HTTP status (e.g. 503) the next N times, or a connection that
-sends half a file and is then reset. Every request is logged in ``requests``.
+sends half a file and is then reset or closed. Every request is logged in ``requests`` as
+(method, path, status), status -1 for a reset and -2 for a cut connection.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class Repo:
 
 @dataclass
 class Fault:
-    """``kind``: an HTTP status code, or "reset" (half the body, then a TCP reset); ``method``
+    """``kind``: an HTTP status code, "reset" (half the body, then a TCP reset) or "cut" (half
+    the body, then the connection closed, which huggingface_hub resumes with a Range); ``method``
     "GET" or "HEAD"; it fires the next ``times`` requests whose path ends with ``path``."""
 
     path: str
@@ -143,16 +145,19 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self._send(status, body, {"Content-Type": "application/json", "X-Error-Code": code,
                                       "X-Error-Message": message, **(extra or {})}, send_body)
 
-        def _reset(self, headers: dict, data: bytes) -> None:
-            """Send the headers and half the body, then reset the connection (RST)."""
-            hub.requests.append((self.command, self.path, -1))
+        def _broken(self, headers: dict, data: bytes, reset: bool) -> None:
+            """Send the headers and half the body, then reset (RST) or close the connection."""
+            hub.requests.append((self.command, self.path, -1 if reset else -2))
             self.send_response(200)
             for k, v in headers.items():
                 self.send_header(k, str(v))
             self.end_headers()
             self.wfile.write(data[: len(data) // 2])
             self.wfile.flush()
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            if reset:
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            else:
+                self.connection.shutdown(socket.SHUT_RDWR)
             self.connection.close()
             self.close_connection = True
 
@@ -160,7 +165,7 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
         def _serve(self, body: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             fault = hub.take_fault(self.command, path)
-            if fault is not None and fault.kind != "reset":
+            if fault is not None and fault.kind not in ("reset", "cut"):
                 return self._error(int(fault.kind), "", "Service Unavailable (planted)", body)
             if path in ("", "/"):
                 return self._send(200, b"", {}, body)
@@ -246,7 +251,7 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             headers = {**headers, "Content-Length": len(part), "Accept-Ranges": "bytes",
                        "Content-Type": "application/octet-stream"}
             if fault is not None and body:
-                return self._reset(headers, part)
+                return self._broken(headers, part, reset=fault.kind == "reset")
             if start:
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
                 return self._send(206, part, headers, body)

@@ -4,7 +4,8 @@ lists the refs, resolves files at step<N> revisions, follows LFS redirects and d
 
 A tiny family is served with one revision per weight layout (safetensors, a pytorch_model.bin
 only, sharded safetensors); a sweep of it by hub id equals a sweep of the same folders on disk.
-Planted faults: 503 answers (retried), connection resets mid-file (retried; when they persist,
+Planted faults: 503 answers (retried), connections cut mid-file (fetched again) or reset
+(retried; when they persist,
 that checkpoint fails in one line, the others are kept, and no partial file reaches the cache
 as complete), a revision that does not exist, a gated repo."""
 
@@ -91,8 +92,7 @@ def local_run(family, tmp_path_factory):
 
 def _cache_is_whole(home: Path) -> list[str]:
     """The HF cache's LFS blobs: each complete one hashes to its name; none left incomplete."""
-    blobs = [p for p in home.rglob("blobs/*")]
-    assert not [p for p in blobs if p.name.endswith(".incomplete") and p.stat().st_size == 0] or True
+    blobs = list(home.rglob("blobs/*"))
     for p in blobs:
         if len(p.name) == 64 and not p.name.endswith(".incomplete"):
             assert hashlib.sha256(p.read_bytes()).hexdigest() == p.name, p
@@ -133,7 +133,8 @@ def test_a_run_by_hub_id_equals_the_local_folders_through_503s_and_a_reset(famil
     _, hub = family
     hub.fail("/config.json", 503, method="HEAD")  # huggingface_hub retries its metadata call
     hub.fail("/model.safetensors", 503)  # a 503 on a weight download: the sweep loads it again
-    hub.fail(f"/{SHARD}", "reset")  # half the shard, then a reset: loaded again, resumed
+    hub.fail(f"/{SHARD}", "reset")  # half the shard, then a reset: the sweep loads it again
+    hub.fail("/pytorch_model.bin", "cut")  # half the file, then closed: huggingface_hub retries
     seen = len(hub.requests)
     done = _peakprobe(family, tmp_path / "hf", "run", REPO, "--out", str(tmp_path / "run"),
                       "--data", "eval.txt", "--allow-pickle", "-q", *ARGS)
@@ -142,10 +143,12 @@ def test_a_run_by_hub_id_equals_the_local_folders_through_503s_and_a_reset(famil
     pd.testing.assert_frame_equal(_values(tmp_path / "run"), _values(local_run))
     assert (tmp_path / "run" / results.FITS_JSON).exists() and (tmp_path / "run" / "report").exists()
     log = hub.requests[seen:]
-    assert [s for _, p, s in log if s == 503 or s == -1] == [503, 503, -1]
+    assert [s for _, p, s in log if s in (503, -1, -2)] == [503, 503, -2, -1]
     got = {p.rsplit("/", 1)[-1] for m, p, s in log if m == "GET" and s in (200, 206)}
     assert {"pytorch_model.bin", "model.safetensors.index.json", SHARD, "model.safetensors"} <= got
-    assert SHARD + "" in {p.rsplit("/", 1)[-1] for _, p, s in log if s == -1}
+    assert SHARD in {p.rsplit("/", 1)[-1] for _, p, s in log if s == -1}
+    bin_gets = [s for m, p, s in log if m == "GET" and p.endswith("/pytorch_model.bin")]
+    assert bin_gets == [-2, 200]  # huggingface_hub fetched it again (a small file: from byte 0)
     _cache_is_whole(tmp_path / "hf")
 
 
@@ -164,10 +167,26 @@ def test_a_download_that_keeps_breaking_fails_that_checkpoint_alone(family, loca
         "step0.parquet", "step64.parquet"]
     shard = hashlib.sha256((family[0] / "local" / "step16" / SHARD).read_bytes()).hexdigest()
     assert shard not in _cache_is_whole(tmp_path / "hf")  # never complete under its hash
+    assert not list((tmp_path / "hf").rglob(f"snapshots/*/{SHARD}"))
     failures = {r["revision"]: r["error"] for r in results.read_failures(tmp_path / "run")}
-    assert "ReadError" in failures["step16"] or "Error" in failures["step16"]
+    assert failures["step16"].startswith("ReadError")
 
     again = _peakprobe(family, tmp_path / "hf", *args, "--allow-pickle")
     assert again.returncode == 0, again.stderr
     pd.testing.assert_frame_equal(_values(tmp_path / "run"), _values(local_run))
     _cache_is_whole(tmp_path / "hf")
+
+
+def test_a_download_resumes_with_a_range_request(family, tmp_path):
+    """huggingface_hub's own resume (files over its 10 MB chunk) asks for the rest with Range."""
+    from huggingface_hub.file_download import http_get
+
+    root, hub = family
+    data = (root / "local" / "step64" / "model.safetensors").read_bytes()
+    url = f"{hub.cdn}/cdn/{hashlib.sha256(data).hexdigest()}/model.safetensors"
+    seen = len(hub.requests)
+    with open(tmp_path / "part", "wb") as fh:
+        fh.write(data[:1000])
+        http_get(url, fh, resume_size=1000, expected_size=len(data))
+    assert (tmp_path / "part").read_bytes() == data
+    assert [s for _, _, s in hub.requests[seen:]] == [206]
