@@ -132,7 +132,7 @@ def _loss_rows(run_dir: Path) -> pd.DataFrame:
     if not any((run_dir / results.CHECKPOINTS).glob("*.parquet")):
         return pd.DataFrame(columns=["step", "tau", "value"])
     df = results.read_results(run_dir)
-    df = df[(df["site_kind"] == "lm_head") & (df["metric"] == "loss")][["step", "tau", "value"]]
+    df = df[(df["site_kind"] == vocab.LM_HEAD) & (df["metric"] == vocab.LOSS)][["step", "tau", "value"]]
     return df.sort_values("step", kind="stable").drop_duplicates("step")
 
 
