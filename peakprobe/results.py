@@ -175,7 +175,7 @@ def sweep_fix(run_dir: str | os.PathLike, manifest: dict | None = None, does: st
     """What writes a run's checkpoint files (and manifest, integrity.json) again: the sweep
     command in its manifest, else the sweep that wrote it; a live run re-probes when resumed."""
     command = (manifest or {}).get("command")
-    if isinstance(command, str) and command.startswith("peakprobe sweep"):
+    if isinstance(command, str) and command.startswith(("peakprobe sweep", "peakprobe run")):
         return f"`{_with_out(command, run_dir)}` {does}"
     if manifest and str(manifest.get("source")) == str(Path(run_dir).resolve()):  # a live run
         return ("a resumed training run moves it aside and re-probes the steps it reaches; "

@@ -210,8 +210,10 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                                        {"X-Repo-Commit": sha})
                 return self._json(entries, body)
             if not rest or (rest[0] == "revision" and len(rest) == 2):
-                sha = self._commit(repo, rest[1] if rest else "main", body) if rest or "main" in \
-                    repo.branches else next(iter(repo.commits))
+                if rest:
+                    sha = self._commit(repo, rest[1], body)
+                else:  # the repo's info: main's commit, or the first published one
+                    sha = repo.branches.get("main") or next(iter(repo.commits))
                 if sha is not None:
                     self._json({"id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
                                 "gated": repo.gated, "siblings": [{"rfilename": p} for p in
