@@ -65,8 +65,16 @@ def load_model(source: str, revision: str | None, config: SweepConfig, device: s
         kwargs.update(cache_dir=str(hub_cache_dir()), local_files_only=config.local_files_only)
     if config.device_map is not None:
         kwargs["device_map"] = config.device_map
-    with quiet_transformers_progress():
-        model = AutoModelForCausalLM.from_pretrained(source, revision=revision, **kwargs)
+    try:
+        with quiet_transformers_progress():
+            model = AutoModelForCausalLM.from_pretrained(source, revision=revision, **kwargs)
+    except OSError as exc:  # transformers' words for a hub revision with pickle weights only
+        if kwargs.get("use_safetensors") and "cannot be loaded with `safetensors`" in str(exc):
+            raise CheckpointError(
+                f"{source}@{revision} has no .safetensors weights; pickle weights can run code when "
+                "loaded: pass --allow-pickle only if you trust them"
+            ) from None
+        raise
     if config.device_map is None:
         model = model.to(device)
     return model.eval()

@@ -21,7 +21,9 @@ import gc
 import os
 import shutil
 import sys
+import time
 import traceback
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,16 +38,28 @@ from .attribution import describe_attribution
 from .checkpoint import CheckpointError, load_model, probe_model, tidy_frame
 from .checkpoints_index import Checkpoint, CheckpointSequence
 from .checkpoints_index.cache import cached_refs, delete_cached_revisions
+from .checkpoints_index.hub import is_network_error
 from .checkpoints_index.integrity import integrity_record
 from .config import ConfigError, SweepConfig
 from .data import EvalData
 from .hooks import CompileError, UnsupportedModelError
 from .version import __version__
-from .vocab import short_list
+from .vocab import PeakprobeWarning, short_list
 
 
 class SweepError(ConfigError):
     """A sweep cannot start: a changed configuration, pickle weights, a bad option."""
+
+
+class DamagedFileWarning(PeakprobeWarning):
+    """A run-directory file did not read back and was moved aside to ``<file>.damaged``."""
+
+
+def move_aside(path: Path, problem: str, then: str) -> None:
+    """Move a damaged run-directory file aside and say so in one line (a warning)."""
+    aside = results.move_aside(path)
+    warnings.warn(f"{path} {problem}: moved aside to {aside.name}; {then}", DamagedFileWarning,
+                  stacklevel=3)
 
 
 @dataclass
@@ -92,17 +106,23 @@ def build_manifest(seq: CheckpointSequence, data: EvalData, config: SweepConfig,
 
 
 def prepare_run_dir(run_dir: Path, manifest: dict, *, force: bool) -> None:
-    """Create the run directory, or check that an existing one was made with the same inputs."""
+    """Create the run directory, or check that an existing one was made with the same inputs.
+    A manifest that does not read back is moved aside and written again."""
     path = run_dir / results.MANIFEST
     if path.exists() and not force:
-        old, new = results.run_identity(results.read_manifest(run_dir)), results.run_identity(manifest)
-        if old != new:
-            changed = [k for k, v in new.items() if old.get(k) != v]
-            raise SweepError(
-                f"{run_dir} holds results of a different sweep ({', '.join(changed)} changed); "
-                "use another --out, or --force to start over"
-            )
-        return
+        try:
+            old = results.run_identity(results.read_manifest(run_dir))
+        except results.DamagedFileError:
+            move_aside(path, "does not read back", "writing it again")
+        else:
+            new = results.run_identity(manifest)
+            if old != new:
+                changed = [k for k, v in new.items() if old.get(k) != v]
+                raise SweepError(
+                    f"{run_dir} holds results of a different sweep ({', '.join(changed)} changed); "
+                    "use another --out, or --force to start over"
+                )
+            return
     if force and run_dir.exists():
         for name in (results.CHECKPOINTS, results.REPORT):
             shutil.rmtree(run_dir / name, ignore_errors=True)
@@ -110,6 +130,31 @@ def prepare_run_dir(run_dir: Path, manifest: dict, *, force: bool) -> None:
             (run_dir / name).unlink(missing_ok=True)
     (run_dir / results.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
     results.write_json(path, manifest)
+
+
+def heal(run_dir: Path, ckpts: list[Checkpoint], manifest: dict) -> list[str]:
+    """Move aside each of ``ckpts``' result files that does not read back as this run's (one
+    line each): they are probed again, never counted as done. Returns their revisions."""
+    healed = []
+    for c in ckpts:
+        path = results.checkpoint_path(run_dir, c.revision)
+        problem = results.checkpoint_problem(path, manifest) if path.exists() else None
+        if problem is not None:
+            move_aside(path, problem, "probing it again")
+            healed.append(c.revision)
+    return healed
+
+
+def _write_integrity(run_dir: Path, seq: CheckpointSequence, offline: bool) -> None:
+    """Write integrity.json unless a readable one is there (a damaged one is moved aside)."""
+    path = run_dir / results.INTEGRITY
+    if path.exists():
+        try:
+            results.read_integrity_record(run_dir)
+            return
+        except results.DamagedFileError:
+            move_aside(path, "does not read back", "writing it again")
+    results.write_integrity(run_dir, integrity_record(seq, offline=offline))
 
 
 def shard_info() -> tuple[int, int, str]:
@@ -150,6 +195,25 @@ def _source(seq: CheckpointSequence, ckpt: Checkpoint) -> tuple[str, str | None]
     return (ckpt.path, None) if ckpt.path is not None else (seq.source, ckpt.revision)
 
 
+#: a hub checkpoint whose download breaks off (a reset connection, a 5xx answer) is loaded again
+#: up to this many times in all; huggingface_hub resumes the files it has
+LOAD_TRIES = 3
+RETRY_SECONDS = 1.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed load is worth trying again: a network error or a 429/5xx answer."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        status = getattr(getattr(current, "response", None), "status_code", None)
+        if is_network_error(current) or status in (429, 500, 502, 503, 504):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _claim(run_dir: Path, ckpt: Checkpoint) -> FileLock | None:
     """This checkpoint's lock, held, when no other process holds it and it is not done yet."""
     lock = _lock(run_dir, ckpt.revision)
@@ -172,10 +236,13 @@ def _loader(seq, todo, config, device, run_dir) -> Iterator[tuple[Checkpoint, Fi
     pool = ThreadPoolExecutor(max_workers=1) if config.prefetch else None
 
     def load(c):
-        try:
-            return load_model(*_source(seq, c), config, device)
-        except Exception as exc:  # reported per checkpoint, never fatal
-            return exc
+        for attempt in range(LOAD_TRIES):
+            try:
+                return load_model(*_source(seq, c), config, device)
+            except Exception as exc:  # reported per checkpoint, never fatal
+                if c.path is not None or attempt + 1 == LOAD_TRIES or not is_transient(exc):
+                    return exc
+                time.sleep(RETRY_SECONDS * 2**attempt)
 
     busy: list[Checkpoint] = []
     held: list[FileLock] = []  # claimed, not yet handed to the consumer
@@ -274,10 +341,12 @@ def sweep(
     world = auto_world if world is None else world
     device = auto_device if config.device == "auto" else config.device
     manifest = build_manifest(seq, data, config, command)
+    share = [c for i, c in enumerate(seq) if shard is None or i % shard[1] == shard[0]]
     if rank == 0:
         prepare_run_dir(run_dir, manifest, force=force)
-        if integrity and not (run_dir / results.INTEGRITY).exists():
-            results.write_integrity(run_dir, integrity_record(seq, offline=config.local_files_only))
+        if integrity:
+            _write_integrity(run_dir, seq, config.local_files_only)
+        heal(run_dir, share, manifest)
     if processes > 1:
         payload = dict(seq=seq, data=data, run_dir=run_dir, config=config, shard=shard,
                        prune_cache=prune_cache, progress=progress, command=command)
@@ -289,7 +358,6 @@ def sweep(
     if rank != 0:
         prepare_run_dir(run_dir, manifest, force=False)
 
-    share = [c for i, c in enumerate(seq) if shard is None or i % shard[1] == shard[0]]
     mine = [c for i, c in enumerate(share) if i % world == rank]
     skipped = [c.revision for c in mine if results.checkpoint_path(run_dir, c.revision).exists()]
     todo = [c for c in mine if c.revision not in set(skipped)]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from peakprobe import vocab
+from peakprobe import results, vocab
 
 from ..checkpoints_index.selection import Selection
 from ..config import (
@@ -107,8 +107,12 @@ def sweep_status(args, outcome) -> int:
     say(args, f"{len(outcome.done)} checkpoints probed, {len(outcome.skipped)} already done, "
               f"{len(outcome.failed)} failed{busy} -> {outcome.run_dir}")
     if outcome.failed:
-        print(f"peakprobe: {len(outcome.failed)} checkpoints failed ({short_list(outcome.failed)}); "
-              f"see {outcome.run_dir / 'failures.jsonl'}", file=sys.stderr)
+        errors = {r.get("revision"): r.get("error") for r in results.read_failures(outcome.run_dir)}
+        first = outcome.failed[0]
+        why = f" {first}: {errors[first]}" if errors.get(first) else ""
+        print(f"peakprobe: {len(outcome.failed)} checkpoints failed ({short_list(outcome.failed)};{why}); "
+              f"the others are kept: re-run to retry, see {outcome.run_dir / 'failures.jsonl'}",
+              file=sys.stderr)
         return 1
     return 0
 

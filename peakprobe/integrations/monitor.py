@@ -57,7 +57,7 @@ from ..checkpoints_index import Checkpoint, CheckpointSequence, schedule_from_js
 from ..config import AttributionConfig, ProbeConfig, SweepConfig
 from ..data import EvalData
 from ..hooks import CompileError, UnsupportedModelError
-from ..sweep import SweepOutcome, build_manifest, prepare_run_dir
+from ..sweep import SweepOutcome, build_manifest, heal, move_aside, prepare_run_dir
 from .distributed import (
     DEFAULT_TIMEOUT,
     GAINS_SKIPPED,
@@ -451,8 +451,12 @@ class Monitor:
             return
         manifest = self._manifest()
         path = self.run_dir / results.MANIFEST
-        if path.exists() and not self.force:
-            old = results.read_manifest(self.run_dir)
+        try:
+            old = results.read_manifest(self.run_dir) if path.exists() and not self.force else None
+        except results.DamagedFileError:
+            move_aside(path, "does not read back", "writing it again")
+            old = None
+        if old is not None:
             same = results.run_identity(old, _IDENTITY) == results.run_identity(manifest, _IDENTITY)
             old_steps = sorted(c["step"] for c in old.get("checkpoints", []))
             if not same or old_steps != self.planned:
@@ -462,6 +466,7 @@ class Monitor:
                 )
             self._resume()
             (self.run_dir / results.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+            heal(self.run_dir, list(self._sequence()), manifest)
         else:
             prepare_run_dir(self.run_dir, manifest, force=self.force)
         self._prepared = True
@@ -471,7 +476,8 @@ class Monitor:
         path = self.run_dir / vocab.MONITOR_FILE
         if self.lrs or not path.exists():
             return
-        record = results.read_json(path)
+        record = results.read_json_object(path, "the learning rates of the interrupted run are lost: "
+                                          "start the run directory over (force=True)")
         self.lrs = [float(x) for x in record.get("lr", [])]
 
     def _write_manifest(self) -> None:

@@ -30,7 +30,6 @@ import jinja2
 import matplotlib
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
 from peakprobe import results, vocab
 from peakprobe.checkpoints_index import PYTHIA_LR_MAX
@@ -130,14 +129,11 @@ def _lr_max(manifest: dict) -> float | None:
 
 
 def _loss_rows(run_dir: Path) -> pd.DataFrame:
-    files = sorted((run_dir / results.CHECKPOINTS).glob("*.parquet"))
-    parts = [pq.read_table(f, columns=["step", "tau", "value"],
-                           filters=[("site_kind", "==", "lm_head"), ("metric", "==", "loss")]
-                           ).to_pandas() for f in files]
-    parts = [p for p in parts if len(p)]
-    if not parts:
+    if not any((run_dir / results.CHECKPOINTS).glob("*.parquet")):
         return pd.DataFrame(columns=["step", "tau", "value"])
-    return pd.concat(parts).sort_values("step", kind="stable").drop_duplicates("step")
+    df = results.read_results(run_dir)
+    df = df[(df["site_kind"] == vocab.LM_HEAD) & (df["metric"] == vocab.LOSS)][["step", "tau", "value"]]
+    return df.sort_values("step", kind="stable").drop_duplicates("step")
 
 
 def member_from_run(run_dir: str | os.PathLike, *, band: tuple[float, float] = BAND,
@@ -147,8 +143,8 @@ def member_from_run(run_dir: str | os.PathLike, *, band: tuple[float, float] = B
     manifest = results.read_manifest(run_dir)
     if not (run_dir / results.FITS).exists():
         raise ReportError(f"{run_dir} has no {results.FITS}; run `peakprobe fit {run_dir}` first")
-    fits = pq.read_table(run_dir / results.FITS).to_pandas()
-    verdicts = results.read_json(run_dir / results.FITS_JSON) if (run_dir / results.FITS_JSON).exists() else {}
+    fits = results.read_fits(run_dir)
+    verdicts = results.read_fits_json(run_dir) if (run_dir / results.FITS_JSON).exists() else {}
     name = str(manifest.get("model") or run_dir.name)
     n_params, from_ = _parameters(manifest)
     loss_fit = fits[fits["fit"] == vocab.FIT_LOSS]

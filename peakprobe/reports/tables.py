@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from peakprobe import vocab
 from peakprobe.results import (
@@ -26,8 +25,9 @@ from peakprobe.results import (
     FITS_JSON,
     FITS_SCHEMA,
     read_failures,
+    read_fits,
+    read_fits_json,
     read_integrity_record,
-    read_json,
     read_manifest,
     read_results,
 )
@@ -155,15 +155,13 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
         raise ReportError(
             f"{run_dir} has no {FITS} / {FITS_JSON}; run `peakprobe fit {run_dir}` before reporting"
         )
-    fits = pq.read_table(fits_path).to_pandas()
+    fits = read_fits(run_dir)
     missing = [c for c in FITS_SCHEMA.names if c not in fits.columns]
     if missing:
         raise ReportError(
             f"{fits_path} lacks columns {', '.join(missing)}; re-run `peakprobe fit {run_dir}`"
         )
-    verdicts = read_json(json_path)
-    if not isinstance(verdicts, dict):
-        raise ReportError(f"{json_path} is not a JSON object; re-run `peakprobe fit {run_dir}`")
+    verdicts = read_fits_json(run_dir)
     time_axis = str(verdicts.get("time_axis") or "")
     if time_axis not in ("tau", "step"):
         axes = sorted(set(fits["time_axis"].dropna().astype(str)) & {"tau", "step"})
