@@ -29,7 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
-from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import attach
 
 
 class LiveTensorBytes(TorchDispatchMode):

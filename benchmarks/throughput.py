@@ -21,7 +21,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
-from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import attach
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,8 +20,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from peakprobe import vocab
-
 from .vocab import INTEGRITY, PeakprobeError
 
 FORMAT = 1
@@ -203,24 +201,11 @@ def read_integrity(run_dir: str | os.PathLike) -> dict[str, dict]:
 
 
 def read_manifest(run_dir: str | os.PathLike) -> dict:
-    """The run's manifest, in the current layout (``upgrade_manifest``)."""
+    """The run's manifest (``manifest.json``, layout in docs/architecture.md)."""
     path = Path(run_dir) / MANIFEST
     if not path.exists():
         raise RunDirError(f"{run_dir} is not a peakprobe run directory (no {MANIFEST})")
-    return upgrade_manifest(read_json(path))
-
-
-def upgrade_manifest(manifest: dict) -> dict:
-    """A manifest in the current layout. Manifests whose ``probe`` entry holds the attribution
-    (``probe.sensitivity`` and ``probe.attribution``) get it as the top-level ``attribution``
-    entry, so runs written that way keep resuming and fitting."""
-    probe = manifest.get("probe")
-    if not isinstance(probe, dict) or (vocab.SENSITIVITY not in probe and "attribution" not in probe):
-        return manifest
-    probe = dict(probe)
-    probe.pop("sensitivity", None)
-    attribution = probe.pop("attribution", None)
-    return {**manifest, "probe": probe, "attribution": manifest.get("attribution", attribution)}
+    return read_json(path)
 
 
 #: the manifest entries that must match for results to be mixed in one run directory
@@ -231,7 +216,6 @@ IDENTITY_KEYS: tuple[str, ...] = ("format", "model", "source", "checkpoints", "d
 def run_identity(manifest: dict, keys: tuple[str, ...] = IDENTITY_KEYS) -> dict:
     """What of a manifest makes a run: two manifests with equal identities may share a run
     directory (a sweep resumes into it, a live run continues it)."""
-    manifest = upgrade_manifest(manifest)
     return {k: manifest.get(k) for k in keys}
 
 

@@ -39,9 +39,9 @@ from .checkpoints_index.cache import cached_refs, delete_cached_revisions
 from .checkpoints_index.integrity import integrity_record
 from .config import ConfigError, SweepConfig
 from .data import EvalData
+from .formatting import short_list
 from .hooks import CompileError, UnsupportedModelError
 from .version import __version__
-from .vocab import short_list
 
 
 class SweepError(ConfigError):

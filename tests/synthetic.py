@@ -196,8 +196,8 @@ def make_run(
     gain_noise = noise if gain_noise is None else gain_noise
 
     sites: dict[tuple[str, int, int], dict[str, np.ndarray]] = {}
-    c0_attn = float(vocab.peaked_threshold(n_options))
-    c0_lm = float(vocab.peaked_threshold(vocab_size))
+    c0_attn = float(np.sqrt(2 * np.log(n_options)))  # sqrt(2 ln n)
+    c0_lm = float(np.sqrt(2 * np.log(vocab_size)))
     for (layer, head), kind in sorted(kinds.items()):
         beta = _beta(kind, t, alphas[(layer, head)], c0_attn, t_end)
         m = _site_metrics(beta, c0_attn, n_options, beta_eff_factor)
@@ -314,7 +314,8 @@ def make_run(
         "fit_start_step": fit_start_step,
         "checkpoints": checkpoints,
         "data": {"spec": "synthetic", "n_windows": 0, "window": 0, "token_hash": ""},
-        "probe": {"chunk": 64, "dtype": "float64", "sensitivity": sensitivity},
+        "probe": {"chunk": 64, "dtype": "float64"},
+        "attribution": {"windows": 4} if sensitivity else None,
         "versions": {"peakprobe": "synthetic"},
     }
     results.write_json(run_dir / results.MANIFEST, manifest)

@@ -28,7 +28,8 @@ from scipy.special import entr
 from transformers import AutoModelForCausalLM, GptOssConfig
 
 from peakprobe import vocab
-from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import attach
 from peakprobe.probes._entropy_curve import B_GRID, H_TABLE, N_GRID
 
 REL = 1e-9

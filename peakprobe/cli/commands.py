@@ -23,7 +23,8 @@ from ..config import (
     ProbeConfig,
     SweepConfig,
 )
-from ..vocab import LAYOUTS, LOGIT_STD, short_list
+from ..formatting import short_list
+from ..vocab import LAYOUTS, LOGIT_STD
 from .options import add_record, record_from
 
 

@@ -29,15 +29,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-
-from .. import vocab
 
 #: n up to which full samples are drawn; above it the top values are exact and the rest averaged
 EXACT_N = 1024
 TOP_K = 512
 SEED = 20260301
+
+
+def peaked_threshold(n: Any) -> Any:
+    """The random-energy-model threshold sqrt(2 ln n) on the logit std over n options.
+
+    Works on a Python number, a numpy array or a torch tensor (n >= 1; 0 at n = 1)."""
+    if isinstance(n, (int, float)):
+        return math.sqrt(2.0 * math.log(n)) if n > 1 else 0.0
+    if hasattr(n, "clamp"):  # torch: no numpy round trip, stays on its device
+        return (2.0 * n.clamp(min=1).log()).sqrt()
+    import numpy as np
+
+    return np.sqrt(2.0 * np.log(np.maximum(n, 1)))
 
 
 def _n_grid() -> list[int]:
@@ -215,7 +227,7 @@ def expected_entropy(beta: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     curves = _curves_at(log_n)  # (..., Nb)
     from ._entropy_curve import B_GRID  # a Python float: no read of a device tensor
 
-    b = (beta.to(torch.float64) / vocab.peaked_threshold(n)).clamp(0, float(B_GRID[-1]))
+    b = (beta.to(torch.float64) / peaked_threshold(n)).clamp(0, float(B_GRID[-1]))
     j = torch.searchsorted(b_grid, b.unsqueeze(-1).contiguous(), right=True).clamp(1, len(b_grid) - 1)
     lo, hi = curves.gather(-1, j - 1), curves.gather(-1, j)
     t = (b.unsqueeze(-1) - b_grid[j - 1]) / (b_grid[j] - b_grid[j - 1])
@@ -234,8 +246,8 @@ class PerN:
 
     size: int
     log_n: torch.Tensor  # ln max(n, 2)
-    threshold: torch.Tensor  # vocab.peaked_threshold(n) (0 for n <= 1)
-    threshold2: torch.Tensor  # vocab.peaked_threshold(max(n, 2))
+    threshold: torch.Tensor  # peaked_threshold(n) (0 for n <= 1)
+    threshold2: torch.Tensor  # peaked_threshold(max(n, 2))
     curves: torch.Tensor  # ((size + 1) * stride,) n's normalised curve at the knots, row by row
     stride: int  # Nb, then -inf entries that no h reaches (a search step may overshoot)
     cell_base: torch.Tensor  # int32: n's first entry in ``_brackets`` ((interval - 1) * cells)
@@ -262,8 +274,8 @@ def per_n_tables(n_max: int, device: torch.device | str = "cpu") -> PerN:
         _PER_N[key] = PerN(
             size=size,
             log_n=log_n.to(device),
-            threshold=vocab.peaked_threshold(n).to(device),
-            threshold2=vocab.peaked_threshold(n.clamp(min=2)).to(device),
+            threshold=peaked_threshold(n).to(device),
+            threshold2=peaked_threshold(n.clamp(min=2)).to(device),
             curves=curves.reshape(-1).to(device),
             stride=curves.shape[1],
             cell_base=((i - 1) * _CELLS).to(torch.int32).to(device),
@@ -278,7 +290,7 @@ class Counts:
 
     n: torch.Tensor  # float64
     log_n: torch.Tensor  # ln max(n, 2)
-    threshold: torch.Tensor  # vocab.peaked_threshold(n)
+    threshold: torch.Tensor  # peaked_threshold(n)
     index: torch.Tensor | None = None  # int64: n itself, a row of ``tables``
     tables: PerN | None = None
 
@@ -288,7 +300,7 @@ def counts(n: torch.Tensor, n_max: int | None = None) -> Counts:
     caller (e.g. the key length); up to ``PER_N_MAX`` the values come from per-n tables."""
     n = n.to(torch.float64)
     if n_max is None or n_max > PER_N_MAX:
-        return Counts(n, n.clamp(min=2).log(), vocab.peaked_threshold(n))
+        return Counts(n, n.clamp(min=2).log(), peaked_threshold(n))
     tables = per_n_tables(n_max, n.device)
     k = n.clamp(0, tables.size).to(torch.int64)  # exact: n holds whole numbers
     return Counts(n, _take(tables.log_n, k), _take(tables.threshold, k), k, tables)
@@ -353,7 +365,7 @@ def beta_eff(entropy: torch.Tensor, n: torch.Tensor | Counts) -> torch.Tensor:
     b0, b1 = take(b_grid, j), take(b_grid, j + 1)
     b = b0 + (b1 - b0) * t
     b = torch.where(h >= 1.0, torch.zeros_like(b), b)
-    return b * vocab.peaked_threshold(n)
+    return b * peaked_threshold(n)
 
 
 def _beta_eff_tabled(entropy: torch.Tensor, c: Counts) -> torch.Tensor:

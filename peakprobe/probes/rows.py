@@ -20,16 +20,10 @@ from .gaussian_entropy import Counts, beta_eff, counts
 from .sums import Sums, merge_one, normalized
 from .workspace import Workspace, take
 
-XSINK_METRICS = vocab.XSINK_METRICS
-
 
 def attn_metric_names(sinks: bool = False) -> tuple[str, ...]:
     """Every attention statistic, in emission order (``sink_prob`` last, for sink models)."""
     return vocab.ATTN_PROBE_METRICS + ((vocab.SINK_PROB,) if sinks else ())
-
-
-#: the LM head's statistics, in emission order
-LM_HEAD_METRICS: tuple[str, ...] = vocab.LM_PROBE_METRICS
 
 
 @dataclass
@@ -377,7 +371,7 @@ def finish(
         x_b, x_pe = _peaked_entropy(x_ent, rest_n)
         x_vals = (x_ent, x_max, x_std, (x_std > rest_n.threshold).to(f64), x_b, x_pe)
         x_ok = (ok & (rest.n > 1)).to(f64)
-        for name, v in zip(XSINK_METRICS, x_vals, strict=True):
+        for name, v in zip(vocab.XSINK_METRICS, x_vals, strict=True):
             values[name] = v
             weight[name] = x_ok
     if sink is not None:

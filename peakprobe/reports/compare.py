@@ -35,8 +35,9 @@ import pyarrow.parquet as pq
 from peakprobe import results, vocab
 from peakprobe.checkpoints_index import PYTHIA_LR_MAX
 from peakprobe.checkpoints_index.families import pythia_parameters, pythia_size
+from peakprobe.config import check_band
 from peakprobe.fits.curve import CurveFit, CurveResult, window_scan
-from peakprobe.fits.third import check_band, judge_third
+from peakprobe.fits.third import judge_third
 from peakprobe.reports import compare_figures as CF
 from peakprobe.reports.figures import RC
 from peakprobe.reports.tables import ReportError

@@ -29,10 +29,11 @@ from tqdm.auto import tqdm
 
 from peakprobe import vocab
 from peakprobe.fits.third import judge_third
+from peakprobe.probes.gaussian_entropy import peaked_threshold
 from peakprobe.results import write_json
 from peakprobe.toy import ToyConfigError
 from peakprobe.toy.plots import plot_peaked
-from peakprobe.vocab import BAND, peaked_threshold
+from peakprobe.vocab import BAND
 
 __all__ = [
     "DEFAULTS",
