@@ -11,11 +11,13 @@ Every stage reads and writes it only through this module, so the format lives in
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -115,9 +117,32 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def json_safe(obj: Any) -> Any:
+    """A copy of ``obj`` that JSON can hold: numpy scalars as Python numbers, NaN and infinities
+    as None, tuples as lists, keys as strings, anything else (a path) as its text."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return None if pd.isna(obj) else str(obj)
+
+
+def _dumps(obj: Any, **kwargs) -> str:
+    return json.dumps(json_safe(obj), sort_keys=True, allow_nan=False, **kwargs)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as sorted, indented JSON, atomically."""
-    text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n"
+    """Write ``obj`` as sorted, indented JSON, atomically; NaN and infinities are written as
+    null (``json_safe``)."""
+    text = _dumps(obj, indent=2) + "\n"
     write_bytes(Path(path), text.encode())
 
 
@@ -157,7 +182,7 @@ def append_failure(run_dir: str | os.PathLike, record: dict) -> None:
     path = Path(run_dir) / FAILURES
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as fh:
-        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.write(_dumps(record) + "\n")
 
 
 def read_failures(run_dir: str | os.PathLike) -> list[dict]:
