@@ -40,7 +40,7 @@ from .checkpoints_index.integrity import integrity_record
 from .config import ConfigError, SweepConfig
 from .data import EvalData
 from .formatting import short_list
-from .hooks import CompileError, UnsupportedModelError
+from .hooks import UnsupportedModelError
 from .version import __version__
 
 
@@ -313,7 +313,7 @@ def sweep(
             frame = probe_model(model, data, config, progress=progress, desc=ckpt.revision)
             results.write_checkpoint(run_dir, ckpt.revision, tidy_frame(frame, seq, ckpt))
             summary.done.append(ckpt.revision)
-        except (UnsupportedModelError, CompileError):
+        except UnsupportedModelError:
             raise  # every checkpoint of the family would fail the same way
         except Exception as exc:
             if isinstance(exc, CheckpointError):

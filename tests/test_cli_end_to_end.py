@@ -99,24 +99,3 @@ def test_toy_linear_quick_from_the_command_line(tmp_path):
     assert [p.name for p in sorted(tmp_path.glob("*.png"))] == sorted(summary["plots"])
 
 
-def test_compile_backend_without_a_working_compiler_is_one_error_before_any_checkpoint(
-        finished_run, tmp_path, capsys, monkeypatch):
-    """backend compile where torch.compile cannot build (no C++ compiler): one line, exit 2,
-    no checkpoint probed or recorded as failed (the check runs before the first probe)."""
-    import torch
-
-    from peakprobe.probes import rows
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("InductorError: CppCompileError: C++ compile error\ncommand: g++ ...")
-
-    monkeypatch.setattr(rows, "_COMPILED", {})
-    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: broken)  # fails when first run
-    folder, _ = finished_run
-    run = tmp_path / "compile"
-    code = main(["sweep", str(folder), "--out", str(run), "--steps", "0,1", "--n-windows", "2",
-                 "--window", "24", "--backend", "compile", "-q"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert len(err) == 1 and "backend 'compile'" in err[0] and "--backend torch" in err[0], err
-    assert not list(run.glob("**/*.parquet")) and not list(run.glob("**/failures.jsonl"))
