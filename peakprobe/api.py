@@ -109,6 +109,17 @@ def index(source: str, *, selection: Selection | None = None, schedule: str | No
     return found.seq if selection.empty else _select(full, found, selection)
 
 
+
+def probe(model_dir: str | os.PathLike, data: DataConfig | None = None, *,
+          allow_pickle: bool = False, attribution: bool = False) -> pd.DataFrame:
+    """Tidy per-site statistics (one row per site and metric) of the one checkpoint saved in
+    ``model_dir``, over the windows ``data`` describes (default: 8 windows of the embedded
+    corpus); ``attribution`` also runs the loss attribution. ``peakprobe probe`` prints it with
+    ``probe_one.format_probe_table``."""
+    from .probe_one import probe_folder
+
+    return probe_folder(model_dir, data, allow_pickle=allow_pickle, attribution=attribution)
+
 def sweep(
     source: str,
     out: str | os.PathLike,
@@ -137,15 +148,11 @@ def sweep(
     from .checkpoint import load_config, load_tokenizer
     from .checkpoints_index import CheckpointIndexWarning, Selection, available
     from .data import DataError, load_eval_data, window_for
-    from .sweep import SweepError, parse_shard
+    from .sweep import check_shard
     from .sweep import sweep as run_sweep
 
     data = data or DataConfig()
-    if isinstance(shard, str):
-        shard = parse_shard(shard)
-    if shard is not None and force:  # checked before anything is read or said
-        raise SweepError("--force with --shard would discard the other shards' results; "
-                         "remove the run directory first instead")
+    shard = check_shard(shard, force)  # before anything is read or said
     full = _resolve(source, schedule)
     if any(c.path is None for c in full) and data.data == "embedded":
         raise DataError(
@@ -192,16 +199,32 @@ def report(run_dir: str | os.PathLike, *, command: str | None = None) -> ReportP
     return render_report(run_dir, command=command)
 
 
-def run(source: str, out: str | os.PathLike, *, fit: FitConfig | None = None, **sweep_kwargs) -> RunResult:
-    """Sweep, fit and report in one call (``sweep``'s keyword arguments; ``fit`` the fit's
+def run(
+    source: str,
+    out: str | os.PathLike,
+    *,
+    data: DataConfig | None = None,
+    selection: Selection | None = None,
+    schedule: str | None = None,
+    config: SweepConfig | None = None,
+    fit: FitConfig | None = None,
+    processes: int = 1,
+    shard: tuple[int, int] | str | None = None,
+    prune_cache: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    command: str | None = None,
+) -> RunResult:
+    """Sweep, fit and report in one call (the arguments of ``sweep``; ``fit`` the fit's
     settings); returns what each stage produced. The report is written also when some fit was
     skipped for lack of points."""
-    outcome = sweep(source, out, **sweep_kwargs)
-    fits = _fit(out, fit, progress=sweep_kwargs.get("progress", True))
-    return RunResult(Path(out), outcome, fits, report(out, command=sweep_kwargs.get("command")))
+    from .fits import fit_run
 
-
-_fit = fit
+    outcome = sweep(source, out, data=data, selection=selection, schedule=schedule, config=config,
+                    processes=processes, shard=shard, prune_cache=prune_cache, force=force,
+                    progress=progress, command=command)
+    fits = fit_run(out, fit or FitConfig(), progress=progress)
+    return RunResult(Path(out), outcome, fits, report(out, command=command))
 
 #: evaluation windows of the full demo's live probes
 DEMO_WINDOWS = 8
@@ -267,7 +290,7 @@ def toy_peaked(out: str | os.PathLike, *, optimizer: str = "both", steps: int | 
     """The peaked-softmax teacher-student toy: train, fit, plot into ``out``."""
     from .toy import peaked_softmax
 
-    doc = peaked_softmax.cli_peaked(Path(out), optimizer=optimizer, steps=steps, seed=seed,
+    doc = peaked_softmax.reproduce_peaked(Path(out), optimizer=optimizer, steps=steps, seed=seed,
                                     progress=progress)
     return ToyResult(Path(out), doc, peaked_softmax.format_peaked(doc))
 
@@ -278,7 +301,7 @@ def toy_linear(out: str | os.PathLike, *, quick: bool = False, seed: int = 0,
     and against the model's reduced dynamics, into ``out``."""
     from .toy import linear_attention
 
-    doc = linear_attention.cli_linear(Path(out), quick=quick, seed=seed, progress=progress, laws=laws)
+    doc = linear_attention.reproduce_linear(Path(out), quick=quick, seed=seed, progress=progress, laws=laws)
     return ToyResult(Path(out), doc, linear_attention.format_linear(doc))
 
 

@@ -146,7 +146,7 @@ class AttributionConfig:
 
     enabled: bool = option(True, "skip the attribution (d loss / d log beta, curvature, "
                            "optimal-temperature gain per site); same as --attribution-windows 0",
-                           flag="--no-sensitivity")
+                           flag="--no-attribution")
     windows: int = option(4, "run the attribution on the first N evaluation windows (default "
                           "%(default)s; 0 = off)", flag="--attribution-windows", metavar="N")
     heads: str = option("screen", "single heads' gains: screen (default: one loss evaluation a "

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import STEPS, write_sequence
+from conftest import STEPS, embedded_text, write_sequence
 
 from peakprobe.cli import main
 
@@ -71,7 +71,10 @@ def test_probe_and_index_print_tables(finished_run, capsys):
     assert main(["index", str(folder)]) == 0
     out = capsys.readouterr().out
     assert all(f"step{s}" in out for s in STEPS)
-    assert main(["probe", str(folder / "step64"), "--n-windows", "2", "--window", "24"]) == 0
+    text = folder.parent / "probe-eval.txt"
+    text.write_text(embedded_text(20))
+    assert main(["probe", str(folder / "step64"), "--data", str(text), "--n-windows", "2",
+                 "--window", "24"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:2] == ["site", "logit_std"]
     assert sum(line.startswith("attn L") for line in lines) == 8  # 2 layers x 4 heads

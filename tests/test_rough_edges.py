@@ -31,7 +31,7 @@ from peakprobe.cli import main
 from peakprobe.corpus import build_tokenizer
 from peakprobe.data import DataError, load_eval_data
 
-FAST = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-sensitivity", "-q"]
+FAST = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-attribution", "-q"]
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_the_busy_count_agrees_with_the_names(sequence, tmp_path, capsys):
         lock.acquire()
     try:
         code = main(["sweep", str(sequence), "--out", str(out), "--data", str(sequence / "eval.txt"),
-                     "--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-sensitivity"])
+                     "--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-attribution"])
     finally:
         for lock in held:
             lock.release()

@@ -16,7 +16,7 @@ This module owns the size sweep (``simulate_linear_attention``: ``seeds`` replic
 size, each size trained to the same stage of its last feature) and its comparison with the
 reduced dynamics (``compare``), from which ``linear_attention_laws`` reads three laws (time,
 model size, compute) and their verdicts. The data law lives in ``linear_attention_data``, the
-context law in ``linear_attention_context``. ``cli_linear`` runs any subset of ``LAWS`` and
+context law in ``linear_attention_context``. ``reproduce_linear`` runs any subset of ``LAWS`` and
 writes the figures and ``summary.json``; ``format_linear`` prints one line per law.
 
 The loss of the sweep at a step is the mean loss of the fresh training batches (evaluated before
@@ -76,7 +76,7 @@ __all__ = [
     "LinearAttentionSim",
     "ToyConfigError",
     "bin_curve",
-    "cli_linear",
+    "reproduce_linear",
     "compare",
     "compute_law",
     "format_linear",
@@ -357,7 +357,7 @@ def _jsonable(obj: object) -> object:
     return obj
 
 
-def cli_linear(out_dir: Path, *, quick: bool = False, seed: int = 0, progress: bool = True,
+def reproduce_linear(out_dir: Path, *, quick: bool = False, seed: int = 0, progress: bool = True,
                laws: str | tuple[str, ...] | list[str] | None = None) -> dict:
     """``peakprobe toy linear``: run the requested ``laws`` (None or "all": every one of
     ``LAWS``), write one figure per law, ``linear_attention_table.csv`` (size sweep) and

@@ -12,7 +12,7 @@ The KL gradient is written out (``kl_and_grad``: d KL / d z = p_student - p_teac
 is three small matmuls and two softmaxes; the optimizer itself is torch's own SGD / Adam.
 
 Public names: ``PeakedRun``, ``run_peaked_softmax``, ``summarize_peaked``, ``plot_peaked``,
-``cli_peaked``, ``peaked_window``, ``kl_and_grad``, ``rmsnorm``, ``run_to_dict``,
+``reproduce_peaked``, ``peaked_window``, ``kl_and_grad``, ``rmsnorm``, ``run_to_dict``,
 ``ToyConfigError``.
 """
 
@@ -39,7 +39,7 @@ __all__ = [
     "DEFAULTS",
     "PeakedRun",
     "ToyConfigError",
-    "cli_peaked",
+    "reproduce_peaked",
     "format_peaked",
     "kl_and_grad",
     "peaked_window",
@@ -300,7 +300,7 @@ def run_to_dict(run: PeakedRun) -> dict:
     return out
 
 
-def cli_peaked(
+def reproduce_peaked(
     out_dir: Path,
     *,
     optimizer: str = "both",
