@@ -270,15 +270,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
         elif diagonal or (structured and not mask.causal):
             ch = _structured_chunk(z, value, dtype, work)
         else:
-            if mask.mask is None:
-                valid = _index_valid(mask, i0, i1, lo, hi, z.device)
-            else:
-                m = mask.mask[:, :, i0:i1, lo:hi]  # (B, 1|H, C, Tk)
-                if m.dtype == torch.bool:
-                    valid = m
-                else:
-                    valid = m > torch.finfo(m.dtype).min / 2
-                    z = z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype)
+            z, valid = _chunk_mask(mask, z, i0, i1, lo, hi)
             ch = _masked_chunk(z, valid, value, dtype, lo, work)
         chunks.append(ch)
     chunks.reverse()
@@ -298,35 +290,61 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     ok = torch.ones(1, 1, tq, dtype=torch.bool, device=query.device)  # broadcast over heads
     if row_valid is not None:
         ok = ok & row_valid.bool().view(b, 1, tq)
-    sink = None
-    if sinks is not None:
-        sink = sinks.to(torch.float64)
-        sink = sink.view(1, h, 1) if sink.dim() == 1 else sink.reshape(b, h, tq)  # (H,) or (B, H, Tq, 1)
-        sink = sink.expand(b, h, tq)
+    sink = None if sinks is None else _row_sinks(sinks, b, h, tq)  # (B, H, Tq)
     names = attn_metric_names(sinks is not None)
     every = present if not structured else None  # structured: key 0 is in every row
     site, keys = _head_sums(core_raw, edge_raw, first, every, ok, sink, names, n_max=tk)
     out = None
     if value is not None:
-        lse = stats_lse(keys, sink)  # (B, H, Tq)
-
-        def weighted(o, m):  # o relative to e^m, rescaled to probabilities
-            return o * (m.to(torch.float64) - lse).exp().to(o.dtype).unsqueeze(-1)
-
-        dv = value.shape[-1]
-        out = torch.zeros(b, h, tq, dv, dtype=dtype, device=query.device)
-        for i, c in enumerate(chunks):
-            if c.out is not None:
-                out[:, :, i * chunk : i * chunk + c.out.shape[2]] += c.out
-        m_part = torch.cat([c.out_m if c.out_m is not None else torch.full_like(c.first, float("-inf")) for c in chunks], dim=2)
-        out = weighted(out, m_part)
-        if structured:  # key 0 was kept apart
-            out = out + weighted(_grouped_matmul(torch.ones(b, h, tq, 1, dtype=dtype, device=out.device), value[:, :, :1].to(dtype)), first)
-        if diag_out is not None:
-            out = out + weighted(diag_out, edge_raw.m)
-        out = torch.where(present.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype, device=out.device))
-        out = out.to(query.dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv) like HF
+        out = _fused_output(chunks, keys, sink, first, present, edge_raw, diag_out, value,
+                            query.dtype, chunk=chunk, dtype=dtype, structured=structured)
     return site, out
+
+
+def _chunk_mask(mask: MaskSpec, z, i0: int, i1: int, lo: int, hi: int):
+    """(z with an additive mask tensor added, the keys each row sees (B|1, 1|H, C, hi - lo))
+    for query rows [i0, i1) and keys [lo, hi) of a chunk under a mask tensor or a window."""
+    if mask.mask is None:
+        return z, _index_valid(mask, i0, i1, lo, hi, z.device)
+    m = mask.mask[:, :, i0:i1, lo:hi]  # (B, 1|H, C, Tk)
+    if m.dtype == torch.bool:
+        return z, m
+    valid = m > torch.finfo(m.dtype).min / 2
+    return z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype), valid
+
+
+def _row_sinks(sinks: torch.Tensor, b: int, h: int, tq: int) -> torch.Tensor:
+    """Learned sink logits, (H,) or (B, H, Tq, 1), as float64 (B, H, Tq)."""
+    sink = sinks.to(torch.float64)
+    sink = sink.view(1, h, 1) if sink.dim() == 1 else sink.reshape(b, h, tq)
+    return sink.expand(b, h, tq)
+
+
+def _fused_output(chunks, keys, sink, first, present, edge_raw, diag_out, value, out_dtype, *,
+                  chunk, dtype, structured) -> torch.Tensor:
+    """The fused path's attention output (B, Tq, H, Dv) in ``out_dtype``: every chunk's part
+    (and key 0's and the diagonal's, when kept apart) rescaled to probabilities by the rows'
+    log-sum-exp (keys (B, H, Tq) merged, sink the sink logits or None)."""
+    b, h, tq = first.shape
+    lse = stats_lse(keys, sink)  # (B, H, Tq)
+
+    def weighted(o, m):  # o relative to e^m, rescaled to probabilities
+        return o * (m.to(torch.float64) - lse).exp().to(o.dtype).unsqueeze(-1)
+
+    dv = value.shape[-1]
+    out = torch.zeros(b, h, tq, dv, dtype=dtype, device=first.device)
+    for i, c in enumerate(chunks):
+        if c.out is not None:
+            out[:, :, i * chunk : i * chunk + c.out.shape[2]] += c.out
+    m_part = torch.cat([c.out_m if c.out_m is not None else torch.full_like(c.first, float("-inf")) for c in chunks], dim=2)
+    out = weighted(out, m_part)
+    if structured:  # key 0 was kept apart
+        out = out + weighted(_grouped_matmul(torch.ones(b, h, tq, 1, dtype=dtype, device=out.device), value[:, :, :1].to(dtype)), first)
+    if diag_out is not None:
+        out = out + weighted(diag_out, edge_raw.m)
+    out = torch.where(present.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype, device=out.device))
+    out = out.to(out_dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv) like HF
+    return out
 
 
 def stats_lse(keys: Sums, sink: torch.Tensor | None) -> torch.Tensor:

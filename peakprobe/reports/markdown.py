@@ -99,9 +99,8 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def digest_markdown(s: dict) -> str:
-    """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
-    band = f"[{num(s['band'][0])}, {num(s['band'][1])}]"
+def _headline(s: dict, band: str) -> list[str]:
+    """The title and the verdicts: loss law, bottleneck with its exponents, heads, flags."""
     lines = [f"# peakprobe report: {_code(s['model'])}", ""]
     p = s["peakedness"]
     if p["any_peaked"] is False:
@@ -131,6 +130,12 @@ def digest_markdown(s: dict) -> str:
     if s["flags"]:
         lines.append(f"- **Flags:** {_md(', '.join(s['flags']))}")
     lines.append("")
+    return lines
+
+
+def _fits_sections(s: dict, band: str) -> list[str]:
+    """Exponents against 1/3, the loss contribution per softmax, the window scan."""
+    lines = []
     if s["exponents"]:
         lines += [
             "## Exponents against 1/3",
@@ -158,7 +163,13 @@ def digest_markdown(s: dict) -> str:
         lines += _table(["quantity", "t_min", "t_max", "α [CI]", "verdict"],
                         [[_md(r["quantity"]), num(r["t_min"]), num(r["t_max"]), _ci(r), r["verdict"]]
                          for r in s["window_scan"]["rows"]])
-    lines += ["## Peakedness", "", _md(p["statement"]), ""]
+    return lines
+
+
+def _peakedness_and_integrity(s: dict) -> list[str]:
+    """Peakedness by each criterion; duplicated and spike-flagged checkpoints."""
+    p = s["peakedness"]
+    lines = ["## Peakedness", "", _md(p["statement"]), ""]
     if p["criteria"]:
         lines += _table(["criterion", "attention heads peaked", "LM head"],
                         [[c["label"], f"{c['n_attn_peaked']} of {c['n_attn']}" if c["measured"]
@@ -182,6 +193,12 @@ def digest_markdown(s: dict) -> str:
     else:
         lines.append("No spike-flagged checkpoint.")
     lines.append("")
+    return lines
+
+
+def _sites_sections(s: dict) -> list[str]:
+    """The evidence per kind, the top sites and the sensitivity ranking."""
+    b, lines = s["bottleneck"], []
     if b["kinds"]:
         lines += [
             "## Evidence per kind",
@@ -215,8 +232,12 @@ def digest_markdown(s: dict) -> str:
         lines += _table(["site", "d loss / d log β", "α", "class"],
                         [[_label(t), num(t["sensitivity"]), num(t["alpha"]), t["site_class"] or "—"]
                          for t in sens["top"]])
+    return lines
+
+
+def _provenance(s: dict) -> list[str]:
     c, d = s["checkpoints"], s["data"]
-    lines += [
+    return [
         "## Provenance",
         "",
         f"- model: {_code(s['model'])} (source: {_code(s['source'])})",
@@ -227,4 +248,10 @@ def digest_markdown(s: dict) -> str:
         + ", ".join(f"{_md(k)} {_code(v)}" for k, v in sorted(s["versions"].items())),
         "",
     ]
-    return "\n".join(lines)
+
+
+def digest_markdown(s: dict) -> str:
+    """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
+    band = f"[{num(s['band'][0])}, {num(s['band'][1])}]"
+    return "\n".join(_headline(s, band) + _fits_sections(s, band) + _peakedness_and_integrity(s)
+                     + _sites_sections(s) + _provenance(s))
