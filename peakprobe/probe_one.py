@@ -13,8 +13,10 @@ from .config import DataConfig
 from .data import DataError
 from .vocab import site_label
 
-COLUMNS = [vocab.LOGIT_STD, vocab.PEAKED, vocab.MAX_PROB, vocab.ENTROPY_NORM, vocab.LOGIT_TOP_GAP,
-           vocab.FIRST_KEY_PROB, vocab.LOGIT_MAX]
+#: the table's columns: peakedness by the entropy-equivalent rule first (the one the bottleneck
+#: verdict uses), the logit-std rule after the logit std it reads
+COLUMNS = [vocab.PEAKED_ENTROPY, vocab.BETA_EFF, vocab.MAX_PROB, vocab.ENTROPY_NORM, vocab.LOGIT_STD,
+           vocab.PEAKED, vocab.LOGIT_TOP_GAP, vocab.FIRST_KEY_PROB, vocab.LOGIT_MAX]
 
 
 #: evaluation windows of ``peakprobe probe`` (one checkpoint; sweeps use DataConfig's default)
@@ -59,7 +61,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def format_probe_table(frame: pd.DataFrame, sort_by: str = vocab.LOGIT_STD) -> str:
+def format_probe_table(frame: pd.DataFrame, sort_by: str = vocab.BETA_EFF) -> str:
     """One line per head (and the LM head), sorted by ``sort_by`` descending."""
     wide = frame.pivot_table(index=["site_kind", "layer", "head"], columns="metric", values="value")
     if sort_by not in wide.columns:
@@ -71,5 +73,8 @@ def format_probe_table(frame: pd.DataFrame, sort_by: str = vocab.LOGIT_STD) -> s
         name = site_label(kind, layer, head)
         cells = "".join(f"{'':>16}" if pd.isna(row.get(c)) else f"{row[c]:>16.4f}" for c in cols)
         lines.append(f"{name:<14}{cells}")
-    lines.append("peaked = share of rows whose logit std exceeds sqrt(2 ln n) (n = options in the row)")
+    lines.append(f"{vocab.PEAKED_ENTROPY} = share of rows whose entropy-equivalent {vocab.BETA_EFF} "
+                 "exceeds sqrt(2 ln n), n = options in the row (the rule of the bottleneck verdict)")
+    lines.append(f"{vocab.PEAKED} = share of rows whose {vocab.LOGIT_STD} exceeds sqrt(2 ln n) "
+                 "(secondary: it misses near-deterministic rows)")
     return "\n".join(lines)

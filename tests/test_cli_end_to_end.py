@@ -76,7 +76,7 @@ def test_probe_and_index_print_tables(finished_run, capsys):
     assert main(["probe", str(folder / "step64"), "--data", str(text), "--n-windows", "2",
                  "--window", "24"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:2] == ["site", "logit_std"]
+    assert lines[0].split()[:3] == ["site", "peaked_entropy", "beta_eff"]
     assert sum(line.startswith("attn L") for line in lines) == 8  # 2 layers x 4 heads
     assert sum(line.startswith("LM head") for line in lines) == 1
 

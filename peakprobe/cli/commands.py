@@ -22,7 +22,7 @@ from ..config import (
     SweepConfig,
 )
 from ..formatting import short_list
-from ..vocab import LOGIT_STD
+from ..vocab import BETA_EFF
 from .options import DeprecatedSwitch, add_record, add_verbosity, record_from
 
 
@@ -143,7 +143,7 @@ def _probe_add(p):
     p.add_argument("model_dir", help="a save_pretrained folder (config.json, weights, tokenizer)")
     add_record(p.add_argument_group("evaluation data"), DataConfig, "data")
     p.set_defaults(data__n_windows=PROBE_WINDOWS)  # one checkpoint: fewer windows than a sweep
-    p.add_argument("--metric", default=LOGIT_STD,
+    p.add_argument("--metric", default=BETA_EFF,
                    help="metric to sort heads by (default %(default)s)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="accept pickle (.bin) weights: they can run code when loaded")
