@@ -1,10 +1,9 @@
-"""Raw synthetic run directories with planted laws, for the tests and benchmarks (not the package).
+"""Raw synthetic run directories with planted laws, for the tests (not the package).
 
 `make_run` writes what a sweep writes — ``manifest.json``, one ``checkpoints/<revision>.parquet``
 per step (the tidy schema of docs/architecture.md) and, when asked, ``integrity.json`` — and
 nothing a fit would write, so the real `peakprobe.fits.fit_run` has to find the planted truth.
-Import it from a test as ``from synthetic import make_run`` (pytest puts tests/ on sys.path);
-benchmarks add the repository root to sys.path and use ``from tests.synthetic import make_run``.
+Import it from a test as ``from synthetic import make_run`` (pytest puts tests/ on sys.path).
 
 Planted laws (t = step, tau = tau_scale * step):
 

@@ -1,28 +1,12 @@
 """The entropy-equivalent inverse temperature of a softmax row (torch only).
 
 ``beta_eff(H, n)`` is the beta at which iid Gaussian logits z_i ~ N(0, beta^2) over n options
-have, in expectation, softmax entropy H. Peakedness as the random-energy model judges it is then
-``beta_eff > sqrt(2 ln n)``, read off the row's entropy instead of its logit std.
-
-The curve E[H](beta, n) has no closed form; it is tabulated once, deterministically (fixed seed),
-by ``compute_curve`` and shipped in ``_entropy_curve.py`` (regenerate with
-``python -m peakprobe.probes.gaussian_entropy``). The table holds the normalised entropy
-h = E[H] / ln n on a grid of b = beta / sqrt(2 ln n) for a grid of n. Between grid points the
-curve is linear in log n and in b; it is strictly decreasing in b (for every sample, the entropy
-of softmax(beta x) falls with beta), so it is inverted exactly per row: the row's curve lies
-between the two tabulated curves around its n, whose crossings of h, tabulated per cell of h
-(``_brackets``), bracket the knot; a short binary search inside the bracket finds it, then the
-root of the linear piece. Outside the table: an entropy at or above the b = 0 value (ln n, uniform)
-gives beta_eff = 0; an entropy below the last knot gives the last knot (b = ``B_GRID[-1]``);
-n above the largest tabulated n uses the largest n's normalised curve; n < 2 has no entropy
-and no beta_eff.
-
-How the expectation is computed (``compute_curve``): for n <= ``EXACT_N`` by plain Monte Carlo
-over full samples; above it, the top ``TOP_K`` values of each sample are drawn exactly (order
-statistics from uniform spacings, ``ndtri`` of the upper tail probabilities) and the remaining
-n - K values, iid N(0, 1) below the K-th value t, enter through their conditional expectation
-(truncated-normal moments: E[e^{bx}; x < t] = e^{b^2/2} Phi(t - b)). Common random numbers
-across beta keep every sample's curve monotone.
+have, in expectation, softmax entropy H; ``peaked_threshold`` is the random-energy-model
+threshold sqrt(2 ln n) both peakedness flags compare to. Owns the tabulated curve E[H](beta, n)
+(``compute_curve``, shipped in ``_entropy_curve.py``; regenerate with
+``python -m peakprobe.probes.gaussian_entropy``) and its exact per-row inversion
+(``_brackets``, ``beta_eff``). How the curve is computed and inverted, its range and its checks:
+docs/probes.md, "How beta_eff is computed".
 """
 
 from __future__ import annotations
