@@ -46,7 +46,8 @@ import transformers
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
 from peakprobe.checkpoints_index import PYTHIA_SHAPES, ModelShape
-from peakprobe.hooks import ProbeConfig, attach, engine
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import attach, engine
 from peakprobe.probes import MaskSpec, attention_head_sums
 
 try:

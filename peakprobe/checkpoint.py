@@ -27,7 +27,7 @@ from .config import SweepConfig
 from .data import DataError, EvalData
 from .hf import quiet_transformers_progress
 from .hooks import attach
-from .hooks.sdpa import probe_sdpa
+from .hooks.sdpa import attach_sdpa
 from .vocab import PeakprobeError, PeakprobeWarning
 
 DTYPES = {
@@ -197,7 +197,7 @@ def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = 
     check_model(model, data, desc or type(model).__name__)
     hf = forward is None and uses_attention_interface(model)
     n_batches = -(-data.n_windows // config.batch_size)
-    with (attach(model, config.probe) if hf else probe_sdpa(model, config.probe)) as probe:
+    with (attach(model, config.probe) if hf else attach_sdpa(model, config.probe)) as probe:
         for ids, mask, pos in tqdm(
             data.batches(config.batch_size), total=n_batches, desc=desc, leave=False,
             disable=not progress, unit="batch",

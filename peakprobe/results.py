@@ -11,17 +11,17 @@ Every stage reads and writes it only through this module, so the format lives in
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from peakprobe import vocab
 
 from .vocab import INTEGRITY, PeakprobeError
 
@@ -127,9 +127,32 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def json_safe(obj: Any) -> Any:
+    """A copy of ``obj`` that JSON can hold: numpy scalars as Python numbers, NaN and infinities
+    as None, tuples as lists, keys as strings, anything else (a path) as its text."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return None if pd.isna(obj) else str(obj)
+
+
+def _dumps(obj: Any, **kwargs) -> str:
+    return json.dumps(json_safe(obj), sort_keys=True, allow_nan=False, **kwargs)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as sorted, indented JSON, atomically."""
-    text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n"
+    """Write ``obj`` as sorted, indented JSON, atomically; NaN and infinities are written as
+    null (``json_safe``)."""
+    text = _dumps(obj, indent=2) + "\n"
     write_bytes(Path(path), text.encode())
 
 
@@ -233,7 +256,7 @@ def append_failure(run_dir: str | os.PathLike, record: dict) -> None:
     path = Path(run_dir) / FAILURES
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as fh:
-        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.write(_dumps(record) + "\n")
 
 
 def read_failures(run_dir: str | os.PathLike) -> list[dict]:
@@ -279,13 +302,13 @@ def read_integrity(run_dir: str | os.PathLike) -> dict[str, dict]:
 
 
 def read_manifest(run_dir: str | os.PathLike) -> dict:
-    """The run's manifest, in the current layout (``upgrade_manifest``)."""
+    """The run's manifest (``manifest.json``, layout in docs/architecture.md)."""
     path = Path(run_dir) / MANIFEST
     if not path.exists():
         raise RunDirError(f"{run_dir} is not a peakprobe run directory (no {MANIFEST})")
     fix = (f"re-running the sweep that wrote {run_dir} (same options, same --out) writes it "
            "again (a live run: resuming the training run)")
-    return upgrade_manifest(read_json_object(path, fix))
+    return read_json_object(path, fix)
 
 
 def _manifest_or_none(run_dir: str | os.PathLike) -> dict | None:
@@ -294,18 +317,6 @@ def _manifest_or_none(run_dir: str | os.PathLike) -> dict | None:
     except RunDirError:
         return None
 
-
-def upgrade_manifest(manifest: dict) -> dict:
-    """A manifest in the current layout. Manifests whose ``probe`` entry holds the attribution
-    (``probe.sensitivity`` and ``probe.attribution``) get it as the top-level ``attribution``
-    entry, so runs written that way keep resuming and fitting."""
-    probe = manifest.get("probe")
-    if not isinstance(probe, dict) or (vocab.SENSITIVITY not in probe and "attribution" not in probe):
-        return manifest
-    probe = dict(probe)
-    probe.pop("sensitivity", None)
-    attribution = probe.pop("attribution", None)
-    return {**manifest, "probe": probe, "attribution": manifest.get("attribution", attribution)}
 
 
 #: the manifest entries that must match for results to be mixed in one run directory
@@ -316,7 +327,6 @@ IDENTITY_KEYS: tuple[str, ...] = ("format", "model", "source", "checkpoints", "d
 def run_identity(manifest: dict, keys: tuple[str, ...] = IDENTITY_KEYS) -> dict:
     """What of a manifest makes a run: two manifests with equal identities may share a run
     directory (a sweep resumes into it, a live run continues it)."""
-    manifest = upgrade_manifest(manifest)
     return {k: manifest.get(k) for k in keys}
 
 

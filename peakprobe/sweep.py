@@ -42,9 +42,10 @@ from .checkpoints_index.hub import is_network_error
 from .checkpoints_index.integrity import integrity_record
 from .config import ConfigError, SweepConfig
 from .data import EvalData
-from .hooks import CompileError, UnsupportedModelError
+from .formatting import short_list
+from .hooks import UnsupportedModelError
 from .version import __version__
-from .vocab import PeakprobeWarning, short_list
+from .vocab import PeakprobeWarning
 
 
 class SweepError(ConfigError):
@@ -178,6 +179,17 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise SweepError(f"--shard must be K/N with 0 <= K < N (e.g. 0/4 ... 3/4), got {text!r}")
     return shard
 
+
+
+def check_shard(shard: tuple[int, int] | str | None, force: bool) -> tuple[int, int] | None:
+    """The shard as (K, N) (``"K/N"`` parsed), checked against ``force``: the one place that
+    refuses --force with --shard (it would discard the other shards' results)."""
+    if isinstance(shard, str):
+        shard = parse_shard(shard)
+    if shard is not None and force:
+        raise SweepError("--force with --shard would discard the other shards' results; "
+                         "remove the run directory first instead")
+    return shard
 
 def _lock(run_dir: Path, revision: str) -> FileLock:
     path = run_dir / results.LOCKS / (revision.replace("/", "__") + ".lock")
@@ -315,7 +327,7 @@ def sweep(
     *,
     force: bool = False,
     processes: int = 1,
-    shard: tuple[int, int] | None = None,
+    shard: tuple[int, int] | str | None = None,
     prune_cache: bool = False,
     rank: int | None = None,
     world: int | None = None,
@@ -325,21 +337,18 @@ def sweep(
 ) -> SweepOutcome:
     """Probe every checkpoint of ``seq`` on ``data`` and write the run directory ``run_dir``.
 
-    ``shard=(K, N)`` probes checkpoints K, K+N, K+2N, ... of ``seq`` only (the manifest still
-    lists all of them); ``processes`` and launcher ranks split that share further.
-    ``prune_cache`` deletes each hub revision that was not in the HF cache when this sweep
-    started from the cache once its results are written."""
+    ``shard=(K, N)`` (or ``"K/N"``) probes checkpoints K, K+N, K+2N, ... of ``seq`` only (the
+    manifest still lists all of them); ``processes`` and launcher ranks split that share
+    further. ``prune_cache`` deletes each hub revision that was not in the HF cache when this
+    sweep started from the cache once its results are written."""
     config = config or SweepConfig()
     run_dir = Path(run_dir)
     if len(seq) == 0:
         raise SweepError("no checkpoints selected")
-    if shard is not None and force:
-        raise SweepError("--force with --shard would discard the other shards' results; "
-                         "remove the run directory first instead")
+    shard = check_shard(shard, force)
     auto_rank, auto_world, auto_device = shard_info()
     rank = auto_rank if rank is None else rank
     world = auto_world if world is None else world
-    device = auto_device if config.device == "auto" else config.device
     manifest = build_manifest(seq, data, config, command)
     share = [c for i, c in enumerate(seq) if shard is None or i % shard[1] == shard[0]]
     if rank == 0:
@@ -357,8 +366,15 @@ def sweep(
         PartialState(cpu=not torch.cuda.is_available()).wait_for_everyone()
     if rank != 0:
         prepare_run_dir(run_dir, manifest, force=False)
+    device = auto_device if config.device == "auto" else config.device
+    return _probe_share(seq, share[rank::world], data, run_dir, config, device,
+                        prune_cache=prune_cache, progress=progress)
 
-    mine = [c for i, c in enumerate(share) if i % world == rank]
+
+def _probe_share(seq: CheckpointSequence, mine: list[Checkpoint], data: EvalData, run_dir: Path,
+                 config: SweepConfig, device: str, *, prune_cache: bool, progress: bool
+                 ) -> SweepOutcome:
+    """Probe this process's checkpoints ``mine`` (those not done yet, each under its lock)."""
     skipped = [c.revision for c in mine if results.checkpoint_path(run_dir, c.revision).exists()]
     todo = [c for c in mine if c.revision not in set(skipped)]
     hub = any(c.path is None for c in seq)
@@ -371,35 +387,13 @@ def sweep(
         if lock is None:  # another process on this run directory has it, or has finished it
             (summary.skipped if results.checkpoint_path(run_dir, ckpt.revision).exists()
              else summary.busy).append(ckpt.revision)
-            bar.update(1)
-            continue
-        bar.set_postfix_str(ckpt.revision)
-        model = box.pop()
-        try:
-            if isinstance(model, Exception):
-                raise model
-            frame = probe_model(model, data, config, progress=progress, desc=ckpt.revision)
-            results.write_checkpoint(run_dir, ckpt.revision, tidy_frame(frame, seq, ckpt))
-            summary.done.append(ckpt.revision)
-        except (UnsupportedModelError, CompileError):
-            raise  # every checkpoint of the family would fail the same way
-        except Exception as exc:
-            if isinstance(exc, CheckpointError):
-                refused.append(exc)
-            results.append_failure(run_dir, {
-                "revision": ckpt.revision,
-                "step": ckpt.step,
-                "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
-                "traceback": traceback.format_exc(limit=5),
-            })
-            summary.failed.append(ckpt.revision)
-        finally:
-            del model  # the last reference: the loader keeps none (see _loader)
-            _free_memory()
-            lock.release()
-        if prune_cache and ckpt.path is None and ckpt.revision not in cached_before \
-                and ckpt.revision in summary.done:
-            summary.pruned += delete_cached_revisions(seq.source, [ckpt.revision])
+        else:
+            bar.set_postfix_str(ckpt.revision)
+            error = _probe_one(seq, ckpt, box, lock, data, run_dir, config, progress)
+            (summary.failed if error else summary.done).append(ckpt.revision)
+            refused += [error] if isinstance(error, CheckpointError) else []
+            if prune_cache and not error and ckpt.path is None and ckpt.revision not in cached_before:
+                summary.pruned += delete_cached_revisions(seq.source, [ckpt.revision])
         bar.update(1)
     bar.close()
     if summary.busy:
@@ -408,3 +402,31 @@ def sweep(
     if refused and len(refused) == len(mine):  # every checkpoint refused: the input is wrong
         raise refused[0]
     return summary
+
+
+def _probe_one(seq: CheckpointSequence, ckpt: Checkpoint, box: list, lock: FileLock,
+               data: EvalData, run_dir: Path, config: SweepConfig, progress: bool
+               ) -> Exception | None:
+    """Probe one loaded checkpoint and write its results; a failure goes to failures.jsonl and
+    is returned (an unsupported model is raised: every checkpoint would fail the same way)."""
+    model = box.pop()
+    try:
+        if isinstance(model, Exception):
+            raise model
+        frame = probe_model(model, data, config, progress=progress, desc=ckpt.revision)
+        results.write_checkpoint(run_dir, ckpt.revision, tidy_frame(frame, seq, ckpt))
+        return None
+    except UnsupportedModelError:
+        raise
+    except Exception as exc:
+        results.append_failure(run_dir, {
+            "revision": ckpt.revision,
+            "step": ckpt.step,
+            "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
+            "traceback": traceback.format_exc(limit=5),
+        })
+        return exc
+    finally:
+        del model  # the last reference: the loader keeps none (see _loader)
+        _free_memory()
+        lock.release()

@@ -7,9 +7,6 @@ imports nothing heavy (no torch, no pandas) and sits above every other module of
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 # -- site kinds --------------------------------------------------------------------------------
 #: one attention head (layer, head)
 ATTN = "attn"
@@ -19,7 +16,6 @@ ATTN_LAYER = "attn_layer"
 ATTN_ALL = "attn_all"
 #: the next-token softmax over the vocabulary (layer = head = -1)
 LM_HEAD = "lm_head"
-SITE_KINDS: tuple[str, ...] = (ATTN, ATTN_LAYER, ATTN_ALL, LM_HEAD)
 
 
 def site_label(kind: str, layer: int = -1, head: int = -1) -> str:
@@ -67,8 +63,6 @@ COMMON_METRICS: tuple[str, ...] = (
     LOGIT_TOP_GAP,
     PEAKED,
 )
-#: attention sites add the probability on the first visible key (the attention-sink mass)
-ATTN_EXTRA: tuple[str, ...] = (FIRST_KEY_PROB,)
 #: the LM head adds the next-token statistics
 LM_EXTRA: tuple[str, ...] = (LOSS, TARGET_PROB, TARGET_LOGIT_MINUS_MEAN)
 #: peakedness as the authors judge it: the inverse temperature at which Gaussian logits over the
@@ -79,8 +73,6 @@ PEAKED_ENTROPY = "peaked_entropy"
 XSINK_SUFFIX = "_xsink"
 #: models with a learned sink logit per head (gpt-oss): the probability the sink takes
 SINK_PROB = "sink_prob"
-ATTN_METRICS: tuple[str, ...] = COMMON_METRICS + ATTN_EXTRA
-LM_METRICS: tuple[str, ...] = COMMON_METRICS + LM_EXTRA
 #: every site also reports peakedness by entropy (rows with n >= 2 options)
 ENTROPY_PEAKED_METRICS: tuple[str, ...] = (BETA_EFF, PEAKED_ENTROPY)
 #: attention sites also report these with the first visible key left out (rows with >= 2 others)
@@ -89,12 +81,14 @@ XSINK_METRICS: tuple[str, ...] = tuple(
 )
 #: the row's largest logit (over its real options, not a learned sink), averaged over rows
 LOGIT_ROW_MAX = "logit_row_max"
-#: everything the probes write per site as a row mean (attention sites of models with learned
-#: sinks add SINK_PROB)
+#: everything the probes write per site as a row mean (attention sites add the probability on
+#: the first visible key; those of models with learned sinks add SINK_PROB)
 ATTN_PROBE_METRICS: tuple[str, ...] = (
-    ATTN_METRICS + ENTROPY_PEAKED_METRICS + XSINK_METRICS + (LOGIT_ROW_MAX,)
+    COMMON_METRICS + (FIRST_KEY_PROB,) + ENTROPY_PEAKED_METRICS + XSINK_METRICS + (LOGIT_ROW_MAX,)
 )
-LM_PROBE_METRICS: tuple[str, ...] = LM_METRICS + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX,)
+LM_PROBE_METRICS: tuple[str, ...] = (
+    COMMON_METRICS + LM_EXTRA + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX,)
+)
 
 # -- per-site figures that are not row means ---------------------------------------------------
 #: the largest logit over a site's rows and options (the quantity QK-clip and MuonClip control):
@@ -172,18 +166,6 @@ PEAKED_FRACTION = 0.5
 GROWTH_FLOOR = 0.05
 
 
-def peaked_threshold(n: Any) -> Any:
-    """The random-energy-model threshold sqrt(2 ln n) on the logit std over n options.
-
-    Works on a Python number, a numpy array or a torch tensor (n >= 1; 0 at n = 1)."""
-    if isinstance(n, (int, float)):
-        return math.sqrt(2.0 * math.log(n)) if n > 1 else 0.0
-    if hasattr(n, "clamp"):  # torch: no numpy round trip, stays on its device
-        return (2.0 * n.clamp(min=1).log()).sqrt()
-    import numpy as np
-
-    return np.sqrt(2.0 * np.log(np.maximum(n, 1)))
-
 # -- evaluation windows (data.py) --------------------------------------------------------------------
 #: one document per window, right-padded (as the 1/3 authors measure Pythia)
 DOCUMENT = "document"
@@ -210,14 +192,6 @@ BOTTLENECK_ATTENTION = "attention"
 BOTTLENECK_LM_HEAD = "lm_head"
 BOTTLENECK_NONE = "none"
 BOTTLENECK_UNDETERMINED = "undetermined"
-
-def short_list(names, limit: int = 5) -> str:
-    """Names in one line: ``a, b, c``, or ``a, b, c, d, e and 3 more`` past ``limit`` (so a count
-    said beside them always agrees with what is shown)."""
-    names = [str(n) for n in names]
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
 
 class PeakprobeError(ValueError):
     """Base class of every error a user can cause: bad input, an option out of range, a model or

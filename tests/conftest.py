@@ -136,10 +136,15 @@ def default_tiny_lm(tmp_path_factory) -> Path:
     return train_tiny_lm(out, progress=False)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="run the tests marked slow (as PEAKPROBE_SLOW=1 does)")
+
+
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("PEAKPROBE_SLOW") == "1":
+    if config.getoption("--runslow") or os.environ.get("PEAKPROBE_SLOW") == "1":
         return
-    skip = pytest.mark.skip(reason="slow test: set PEAKPROBE_SLOW=1 to run")
+    skip = pytest.mark.skip(reason="slow test: pass --runslow (or set PEAKPROBE_SLOW=1) to run")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)

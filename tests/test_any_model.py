@@ -25,7 +25,7 @@ from peakprobe import results, vocab
 from peakprobe.cli import main
 from peakprobe.config import ProbeConfig
 from peakprobe.hooks import attach
-from peakprobe.hooks.sdpa import UnprobedAttentionWarning, probe_sdpa
+from peakprobe.hooks.sdpa import UnprobedAttentionWarning, attach_sdpa
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "any_model.md"
 
@@ -93,7 +93,7 @@ def test_the_nanogpt_style_model_matches_its_hugging_face_twin():
     ids = torch.randint(0, 64, (3, 40), generator=g)
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
-    with probe_sdpa(model) as probe:
+    with attach_sdpa(model) as probe:
         probe.run_batch(ids)
         got = _frame(probe.to_frame())
         names = dict(probe.site_names)
@@ -118,7 +118,7 @@ def test_an_attention_the_probe_cannot_see_is_said_once_by_name():
 
     model = Manual()
     ids = torch.randint(0, 16, (2, 6))
-    with warnings.catch_warnings(record=True) as seen, probe_sdpa(model) as probe:
+    with warnings.catch_warnings(record=True) as seen, attach_sdpa(model) as probe:
         warnings.simplefilter("always")
         probe.run_batch(ids)
         probe.run_batch(ids)
@@ -189,7 +189,7 @@ def test_an_olmo_core_model_trained_with_a_monitor_matches_its_hugging_face_llam
                        rms_norm_eps=1e-5, rope_theta=10_000, tie_word_embeddings=False)
     hf = AutoModelForCausalLM.from_config(hcfg).float().eval()
     hf.load_state_dict(convert_state_to_hf(hcfg, model.state_dict()), strict=True)
-    with probe_sdpa(model) as probe:
+    with attach_sdpa(model) as probe:
         probe.run_batch(ids)
         got = _frame(probe.to_frame())
     with attach(hf, ProbeConfig()) as probe:

@@ -12,7 +12,8 @@ import torch
 from conftest import VOCAB, left_padded_batch, tiny_model
 from transformers import AutoModelForCausalLM, GPT2Config, MambaConfig
 
-from peakprobe.hooks import ProbeConfig, UnsupportedModelError, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import UnsupportedModelError, attach
 
 
 def _unit_rows(c: torch.Tensor, d: int, seed: int = 0) -> torch.Tensor:

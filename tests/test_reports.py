@@ -492,3 +492,16 @@ def test_the_max_logit_has_its_column_figure_and_growth_fit(run):
         assert alpha == pytest.approx(growth.loc[(*site, vocab.LOGIT_STD)], abs=0.05), site
     assert "logit_max_curves" in {p.stem for p in paths.figures_png}
     assert "Largest logit per layer" in paths.html.read_text()
+
+
+def test_json_files_hold_nan_and_infinities_as_null(tmp_path):
+    """write_json (every JSON file of a run) and failures.jsonl: NaN, inf and numpy scalars
+    read back as null and Python numbers; nothing is written as a bare NaN."""
+    obj = {"a": math.nan, "b": [np.float64("inf"), np.float32(1.5), np.int64(3)],
+           "c": (np.bool_(True), -math.inf), 4: {"d": None}}
+    results.write_json(tmp_path / "x.json", obj)
+    text = (tmp_path / "x.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"a": None, "b": [None, 1.5, 3], "c": [True, None], "4": {"d": None}}
+    results.append_failure(tmp_path, {"revision": "step1", "loss": math.nan})
+    assert results.read_failures(tmp_path) == [{"revision": "step1", "loss": None}]

@@ -29,7 +29,7 @@ from peakprobe.toy.linear_attention.laws import (
     frontier_exponents,
     judge_exponent,
 )
-from peakprobe.toy.linear_attention.run import cli_linear, format_linear
+from peakprobe.toy.linear_attention.run import format_linear, reproduce_linear
 from peakprobe.toy.linear_attention.sim import (
     _draw_m,
     draw_dataset,
@@ -270,7 +270,7 @@ def test_bad_arguments_raise_one_line_value_errors(tmp_path):
     with pytest.raises(ValueError, match="init"):
         simulate_linear_attention(init="orthogonal", progress=False)
     with pytest.raises(ToyConfigError, match="unknown law"):
-        cli_linear(tmp_path, quick=True, progress=False, laws=("time", "depth"))
+        reproduce_linear(tmp_path, quick=True, progress=False, laws=("time", "depth"))
 
 
 def test_finite_data_follows_its_reduced_dynamics_and_plateaus():
@@ -426,7 +426,7 @@ def test_default_context_law_task_coupled_exponents_within_0_03():
 def test_quick_run_of_all_five_laws(tmp_path):
     """The quick run: every law's simulated exponent next to its reduced dynamics (within 0.03)
     and the closed-form prediction (within 0.05 at these small sizes), files and the printout."""
-    summary = cli_linear(tmp_path, quick=True, progress=False)
+    summary = reproduce_linear(tmp_path, quick=True, progress=False)
     a = summary["config"]["zipf_a"]
     closed = {"time": a / (1 + a), "model_size": a, "data": a / (1 + a), "compute": a / (2 + a),
               "compute_size": 1 / (2 + a), "context": 1.0, "time_random_context": a / (1 + a)}
@@ -462,7 +462,7 @@ def test_a_subset_of_laws_runs_only_those(tmp_path, monkeypatch):
     from peakprobe.toy.linear_attention import context
 
     monkeypatch.setattr(context, "CONTEXT_QUICK", TINY_CONTEXT)
-    summary = cli_linear(tmp_path, quick=True, progress=False, laws=["context"])
+    summary = reproduce_linear(tmp_path, quick=True, progress=False, laws=["context"])
     assert list(summary["results"]) == ["context"]
     assert summary["plots"] == ["linear_attention_context.png"]
     assert format_linear(summary).startswith("context length:")

@@ -117,7 +117,7 @@ def test_sgd_shows_the_one_third_law():
     assert s["final"]["logit_std"] > 2 * math.sqrt(2 * math.log(128))
 
 
-def test_cli_peaked_writes_plot_and_summary_and_prints_the_verdicts(tmp_path, capsys):
+def test_reproduce_peaked_writes_plot_and_summary_and_prints_the_verdicts(tmp_path, capsys):
     from peakprobe.cli import main
 
     assert main(["toy", "peaked", "--optimizer", "sgd", "--steps", "2500", "--out",

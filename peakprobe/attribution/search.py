@@ -1,29 +1,12 @@
-"""The 1-D minimisation of a loss over x = log beta, the screened search of single heads, and the
-two-point quadratic estimate.
+"""The 1-D searches over x = log beta (pure Python, no torch): ``minimize_log_beta`` (a Newton
+jump, then safeguarded parabolic interpolation within [lo, hi]), ``screened_search`` (single
+heads: one screening evaluation, optionally on the first half of the windows first, and a search
+only where the gain may reach the floor), ``quadratic_estimate`` (G = g0^2 / (2 h)), and
+``describe_attribution`` (the manifest's account of the method).
 
-All start from what is known at x = 0 (beta = 1): the loss f0 and its exact slope g0 (autograd
-or closed form). The first evaluation is one step downhill, x1 = -sign(g0) * delta (or a given
-``start``; ``SCREEN_POINT`` for a screened head); with f0 and g0 it gives the one-sided secant
-curvature h = 2 (f(x1) - f0 - g0 x1) / x1^2, the curvature that is reported.
-
-``quadratic_estimate`` stops there: G = g0^2 / (2 h), x* = -g0 / h (clipped to the bounds).
-``minimize_log_beta`` goes on: a Newton jump x = -g0 / h (straight to the downhill bound when
-h <= 0), then safeguarded successive parabolic interpolation through the bracketing triple
-around the best point (golden-section steps when a parabola is concave or lands outside the
-bracket; downhill while no bracket exists, one extrapolation step and then the bound itself),
-until the parabola's vertex lies within ``xtol`` of the best point or promises less than
-``ftol``, or the bracket's ends lie within ``ftol`` of the best point; a best point on a bound is
-checked once against the point ``delta`` inside it; then both bounds are evaluated and the
-search continues from a bound that is lower. The search never
-leaves [lo, hi]; a minimum on a bound is reported as such (``at_bound``), its gain a lower bound.
-With ``rtol`` it stops once a parabola promises less than that fraction of the gain found.
-
-``screened_search`` (single heads): one evaluation at x = -sign(g0) * ``SCREEN_POINT`` decides
-whether the head's gain can reach the floor; only then the search runs, with ``rtol``. Given a
-``FirstPart`` (the loss on the first half of the windows), that evaluation is made in two
-steps: the first half alone ends the screen where it promises under ``SCREEN_STOP`` x the
-floor; otherwise the other half completes it, and everything goes on exactly as without it.
-Pure Python: no torch.
+All start from the loss f0 and its exact slope g0 at x = 0; the reported curvature is the
+one-sided secant over the first step downhill. The stopping rules and the screen:
+docs/attribution.md, "How each number is computed".
 """
 
 from __future__ import annotations

@@ -407,10 +407,6 @@ def _table(rows: list[dict], sites: pd.DataFrame, band: tuple[float, float],
     return table.reset_index(drop=True)
 
 
-def _json_float(v: float | None) -> float | None:
-    return float(v) if v is not None and math.isfinite(v) else None
-
-
 def _document(*, axis: str, band: tuple[float, float], win: window.Window, t: np.ndarray,
               steps: np.ndarray, excluded: list, spikes: list, scan: dict,
               loss: LossFit | None, sites: pd.DataFrame, kinds: dict, available: set[str],
@@ -422,7 +418,7 @@ def _document(*, axis: str, band: tuple[float, float], win: window.Window, t: np
     else:
         flags.extend(f"loss_{f}" for f in loss.flags)
         loss_block = {
-            **{k: _json_float(getattr(loss, k)) for k in ("alpha", "alpha_lo", "alpha_hi", "L0",
+            **{k: float(getattr(loss, k)) for k in ("alpha", "alpha_lo", "alpha_hi", "L0",
                                                            "L0_lo", "L0_hi", "c", "t_min",
                                                            "t_max")},
             "verdict": judge_third(loss.alpha_lo, loss.alpha_hi, band),

@@ -11,8 +11,7 @@ Paths for attention:
   mask the ranges cannot express is counted on the device and checked once per batch
   (``check_ranges``), and the batch is then probed again on the torch path;
 * the torch path (``probes.attention``), the exact reference, backend "torch", and "auto" on
-  CPU; "compile" fuses its block passes with ``torch.compile``; ``fused`` also returns the
-  attention output from the same exponentials.
+  CPU; ``fused`` also returns the attention output from the same exponentials.
 
 The LM head reduces the model's own logits block by block (never a float copy of the whole
 logits tensor) and keeps the batch's loss on the device until it is asked for.
@@ -20,7 +19,6 @@ logits tensor) and keeps the batch's loss on the device until it is asked for.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import torch
@@ -73,18 +71,10 @@ def triton_available() -> bool:
 
 def resolve_backend(backend: str, like: torch.Tensor) -> str:
     """The path a call on ``like``'s device takes: "auto" is the Triton kernel on CUDA when
-    triton is installed and the torch path elsewhere (never "compile": it recompiles per shape
-    and needs a C++ compiler on CPU)."""
+    triton is installed and the torch path elsewhere."""
     if backend != "auto":
         return backend
     return "triton" if like.is_cuda and triton_available() else "torch"
-
-
-def _check_compile(dtype: torch.dtype) -> None:
-    """Backend "compile": build the fused reductions now, so a missing compiler is one
-    ``CompileError`` before anything runs, not a failure at every checkpoint."""
-    with torch.no_grad():  # as the probes run (grad mode is part of what is compiled)
-        block_sums(torch.zeros(2, 2, 4, dtype=dtype), compiled=True)
 
 
 def lm_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -110,9 +100,6 @@ class SiteStats:
         self.accumulator = Accumulator()
         self.work = Workspace()  # block-sized scratch, reused from block to block
         self.dtype = STATS_DTYPES[config.dtype]
-        self.compiled = config.backend == "compile"
-        if self.compiled:
-            _check_compile(self.dtype)
         if config.backend == "triton" and not triton_available():
             raise UnsupportedModelError("backend 'triton' needs the triton package (pip install triton)")
         self._broken: list[torch.Tensor] = []  # per kernel call: rows its ranges misrepresent
@@ -158,8 +145,7 @@ class SiteStats:
         if want_output and self.config.fused and value is not None and not torch.is_grad_enabled():
             out, site = attention_forward_with_sums(query, key, value.detach(), **torch_kw)
         else:
-            sums = functools.partial(attention_head_sums, compiled=True) if self.compiled else attention_head_sums
-            site = sums(query, key, **torch_kw)
+            site = attention_head_sums(query, key, **torch_kw)
         self.accumulator.add(SiteGroup(vocab.ATTN, layer), site)
         return out
 
@@ -190,7 +176,7 @@ class SiteStats:
             valid = torch.ones(1, 1, v, dtype=torch.bool, device=logits.device)
             for t0 in range(0, t, step):
                 z = logits[:, t0 : t0 + step].detach().to(self.dtype)  # (B, C, V)
-                parts.append(block_sums(z, compiled=self.compiled, work=self.work))
+                parts.append(block_sums(z, work=self.work))
                 targets.append(target_logit(z, valid, target[:, t0 : t0 + step]))
             # every position's statistics at once: few large per-row operations, not many small
             keys = Sums(*(torch.cat([getattr(p, f) for p in parts], 1) for f in Sums.__dataclass_fields__))

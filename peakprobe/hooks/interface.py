@@ -164,7 +164,7 @@ def _check_supported(model: torch.nn.Module) -> None:
     if not getattr(model, "_supports_attention_backend", False):
         raise UnsupportedModelError(
             f"{name} does not route its attention through transformers' AttentionInterface; "
-            "peakprobe cannot see its softmaxes (probe it with peakprobe.integrations.probe_sdpa "
+            "peakprobe cannot see its softmaxes (probe it with peakprobe.integrations.attach_sdpa "
             "if it calls torch.nn.functional.scaled_dot_product_attention)"
         )
     if model.get_output_embeddings() is None:

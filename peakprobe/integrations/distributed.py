@@ -50,7 +50,7 @@ from ..attribution import attribute
 from ..checkpoint import check_model, uses_attention_interface
 from ..config import SweepConfig
 from ..data import EvalData
-from ..hooks import CompileError, UnsupportedModelError, attach
+from ..hooks import UnsupportedModelError, attach
 from ..hooks.sdpa import probe_sdpa
 from ..probes import Accumulator, SiteGroup
 from ..probes.accumulate import SiteSums
@@ -346,7 +346,7 @@ def probe_ranks(model: torch.nn.Module, data: EvalData, config: SweepConfig, lay
         dist.all_gather_object(every, (said, guard.trace if guard is not None else ""))
         for r in torch.nonzero(failed).flatten().tolist():
             out.failures[r], out.traces[r] = every[r]
-        if isinstance(error, (UnsupportedModelError, CompileError)):
+        if isinstance(error, UnsupportedModelError):
             raise error  # every probe of this model would fail the same way
         return out
     if layout.rank != 0:

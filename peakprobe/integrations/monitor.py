@@ -56,7 +56,7 @@ from ..checkpoint import DTYPES, probe_model, tidy_frame, uses_attention_interfa
 from ..checkpoints_index import Checkpoint, CheckpointSequence, schedule_from_json
 from ..config import AttributionConfig, ProbeConfig, SweepConfig
 from ..data import EvalData
-from ..hooks import CompileError, UnsupportedModelError
+from ..hooks import UnsupportedModelError
 from ..sweep import SweepOutcome, build_manifest, heal, move_aside, prepare_run_dir
 from .distributed import (
     DEFAULT_TIMEOUT,
@@ -390,7 +390,7 @@ class Monitor:
                     frame = probe_model(self.model, self.data, config, forward=self.forward)
             tidy = tidy_frame(frame, self._sequence(), ckpt)
             results.write_checkpoint(self.run_dir, ckpt.revision, tidy)
-        except (UnsupportedModelError, CompileError, DistributedProbeError):
+        except (UnsupportedModelError, DistributedProbeError):
             raise  # every probe of this model would fail the same way; or the ranks lost each other
         except Exception as exc:  # never fatal to the training
             if self.rank != 0:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,6 +20,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from peakprobe import vocab
+from peakprobe.formatting import num, pct
 from peakprobe.reports.figures import RenderedFigure
 from peakprobe.reports.markdown import dup_text, heads_line
 from peakprobe.reports.tables import RunData, sensitivity_ranking
@@ -31,26 +31,6 @@ MAX_LISTED_REVISIONS = 400
 TEMPLATE = "report.html.j2"
 
 
-def num(x: Any, digits: int = 4) -> str:
-    """A finite number with ``digits`` significant digits, an integer as is, else an em dash."""
-    if x is None or isinstance(x, bool):
-        return "—" if x is None else str(x)
-    if isinstance(x, (int, np.integer)):
-        return str(int(x))
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    return f"{v:.{digits}g}" if math.isfinite(v) else "—"
-
-
-def pct(x: Any) -> str:
-    """A share as a percentage with 3 significant digits, else an em dash."""
-    if x is None or isinstance(x, str) or not math.isfinite(float(x)):
-        return "—"
-    return f"{100.0 * float(x):.3g}%"
-
-
 def environment() -> Environment:
     """The report's jinja2 environment: package templates, autoescape, strict undefined."""
     env = Environment(
@@ -59,7 +39,7 @@ def environment() -> Environment:
         undefined=StrictUndefined,
         keep_trailing_newline=True,
     )
-    env.filters["num"] = num
+    env.filters["num"] = lambda x, digits=4: num(x, f".{digits}g")
     env.filters["pct"] = pct
     env.filters["yes"] = lambda x: {True: "yes", False: "no"}.get(x, "—")
     env.filters["site"] = lambda t: site_label(
@@ -135,10 +115,10 @@ def _heads_view(heads: pd.DataFrame) -> tuple[list[tuple[str, bool]], list[list[
                 cells.append(_cell(pct(v), repr(float(v)) if math.isfinite(v) else None))
             elif col == "alpha":
                 finite = math.isfinite(v)
-                text = f"{num(v, 3)} [{num(r['alpha_lo'], 3)}, {num(r['alpha_hi'], 3)}]"
+                text = f"{num(v, '.3g')} [{num(r['alpha_lo'], '.3g')}, {num(r['alpha_hi'], '.3g')}]"
                 cells.append(_cell(text, repr(float(v)) if finite else None))
             else:
-                cells.append(_cell(num(v)))
+                cells.append(_cell(num(v, ".4g")))
         rows.append(cells)
     return [(name, numeric) for name, _, numeric in cols], rows
 

@@ -39,8 +39,8 @@ from peakprobe.vocab import LM_HEAD
 
 FIGURE_NAMES = (
     "alpha_heatmap",
-    "peaked_heatmap",
     "peaked_entropy_heatmap",
+    "peaked_heatmap",
     "growth_curves",
     "loss_curve",
     "gain_curves",
@@ -112,8 +112,8 @@ def render_report(
     with matplotlib.rc_context(F.RC):
         drawn = [
             F.alpha_heatmap(heads),
-            F.peaked_heatmap(heads, run.last_revision, vocab.LOGIT_STD),
             F.peaked_heatmap(heads, run.last_revision, "entropy"),
+            F.peaked_heatmap(heads, run.last_revision, vocab.LOGIT_STD),
         ]
         steps.update()
         sites, how = curve_sites(run, heads, CURVE_HEADS)

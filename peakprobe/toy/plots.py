@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .. import vocab
-from ..vocab import peaked_threshold
+from ..probes.gaussian_entropy import peaked_threshold
 
 __all__ = ["plot_peaked", "save_figure", "subplots"]
 

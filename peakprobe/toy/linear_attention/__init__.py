@@ -4,7 +4,7 @@ spectrum sets (docs/linear_attention.md).
 Modules, down the flow: ``config`` (the shared setting), ``theory`` (reduced dynamics, closed
 forms), ``sim`` (training primitives), ``laws`` (records, verdicts, compute frontier),
 ``sweep`` (size sweep: time, model size, compute), ``data`` and ``context`` (their laws'
-experiments), ``plots`` (figures), ``run`` (``cli_linear`` and ``format_linear``).
+experiments), ``plots`` (figures), ``run`` (``reproduce_linear`` and ``format_linear``).
 
 The names below are loaded on first use, so importing this package imports nothing heavy.
 """
@@ -18,7 +18,7 @@ _EXPORTS = {
     "DEFAULT": "config",
     "LAWS": "laws",
     "LinearAttentionConfig": "config",
-    "cli_linear": "run",
+    "reproduce_linear": "run",
     "compare": "sweep",
     "format_linear": "run",
     "reduced_dynamics": "theory",

@@ -1,6 +1,6 @@
 """``peakprobe toy linear``: run the laws asked for, write their figures and record, print them.
 
-``cli_linear`` runs any subset of ``laws.LAWS`` (the size sweep once for the time, model-size and
+``reproduce_linear`` runs any subset of ``laws.LAWS`` (the size sweep once for the time, model-size and
 compute laws; the data and context experiments on their own) and writes one figure per law,
 ``linear_attention_table.csv`` (the size sweep) and ``vocab.TOY_FILE``; ``format_linear`` is
 the terminal summary. What each law measures: docs/linear_attention.md.
@@ -38,7 +38,7 @@ from peakprobe.toy.linear_attention.plots import (
 )
 from peakprobe.toy.linear_attention.sweep import FULL, QUICK, compare, simulate_linear_attention
 
-__all__ = ["cli_linear", "format_linear"]
+__all__ = ["reproduce_linear", "format_linear"]
 
 TABLE_FILE = "linear_attention_table.csv"
 
@@ -92,7 +92,7 @@ def _size_sweep(chosen: tuple[str, ...], settings: dict, seed: int, progress: bo
     return results, comparison
 
 
-def cli_linear(out_dir: Path, *, quick: bool = False, seed: int = 0, progress: bool = True,
+def reproduce_linear(out_dir: Path, *, quick: bool = False, seed: int = 0, progress: bool = True,
                laws: str | tuple[str, ...] | list[str] | None = None) -> dict:
     """``peakprobe toy linear``: run the requested ``laws`` (None or "all": every one of
     ``LAWS``), write one figure per law, ``linear_attention_table.csv`` (size sweep) and
