@@ -27,7 +27,7 @@ from peakprobe.sweep import DamagedFileWarning
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 STEPS = [0, 4, 16, 64]
-ARGS = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-sensitivity", "-q"]
+ARGS = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-attribution", "-q"]
 
 
 @pytest.fixture(scope="module")

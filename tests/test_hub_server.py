@@ -30,7 +30,7 @@ from peakprobe.sweep import LOAD_TRIES
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "tiny-org/served-pythia"
 STEPS = [0, 4, 16, 64]
-ARGS = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-sensitivity"]
+ARGS = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-attribution"]
 SHARD = "model-00002-of-00004.safetensors"  # of step16
 
 

@@ -51,7 +51,7 @@ from ..checkpoint import check_model, uses_attention_interface
 from ..config import SweepConfig
 from ..data import EvalData
 from ..hooks import UnsupportedModelError, attach
-from ..hooks.sdpa import probe_sdpa
+from ..hooks.sdpa import attach_sdpa
 from ..probes import Accumulator, SiteGroup
 from ..probes.accumulate import SiteSums
 from ..probes.merge import (
@@ -298,7 +298,7 @@ def _local_probe(model, data: EvalData, config: SweepConfig, layout: Layout, for
     guard = None
     try:
         check_model(model, data, type(model).__name__)
-        with (attach(model, config.probe) if hf else probe_sdpa(model, config.probe)) as probe:
+        with (attach(model, config.probe) if hf else attach_sdpa(model, config.probe)) as probe:
             guard = _Guard(probe.stats)
             run = (lambda b: probe.run_batch(*b)) if hf else (lambda b: probe.run_batch(*b, forward=forward))
             for batch in batches:
