@@ -63,7 +63,7 @@ from ..probes.merge import (
     stack_sums,
     zeros_like,
 )
-from ..probes.rows import LM_HEAD_METRICS, attn_metric_names, block_sums, finish
+from ..probes.rows import attn_metric_names, block_sums, finish
 
 REPLICAS, FSDP, TP = "replicas", "fsdp2", "tensor-parallel"
 #: why the attribution does not run on a sharded model (logged once, kept in monitor.json)
@@ -224,7 +224,7 @@ class _Guard:
                 self._fail(exc)
         group = SiteGroup(vocab.LM_HEAD, -1)
         if group not in self.stats.accumulator.groups():
-            self._placeholder(group, LM_HEAD_METRICS, 1)
+            self._placeholder(group, vocab.LM_PROBE_METRICS, 1)
         return None
 
     def _lm_head_call(self, logits, kept, target):
