@@ -199,6 +199,22 @@ class SiteStats:
             w = stats.weight[vocab.LOSS]
             self._loss.append(torch.stack([(stats.values[vocab.LOSS] * w).sum(), w.sum()]))
 
+    def end_batch(self) -> tuple[int, float]:
+        """(rows whose mask the kernel's key ranges misread, the mean next-token loss) of the
+        calls since the last call, from one device-to-host copy (NaN loss without an LM-head
+        call)."""
+        if not self._broken and not self._loss:
+            return 0, float("nan")
+        like = (self._loss or self._broken)[0]
+        broken = (torch.stack([x.to(like.device) for x in self._broken]).sum().to(torch.float64).view(1)
+                  if self._broken else torch.zeros(1, dtype=torch.float64, device=like.device))
+        loss = (torch.stack(self._loss).sum(0).to(torch.float64) if self._loss
+                else torch.zeros(2, dtype=torch.float64, device=like.device))
+        n_broken, total, n = torch.cat([broken, loss.to(broken.device)]).tolist()
+        self._broken.clear()
+        self._loss.clear()
+        return int(n_broken), (total / n if n else float("nan"))
+
     def loss(self) -> float:
         """The mean next-token loss of the LM-head calls since the last call (NaN without one;
         one device-to-host copy)."""
