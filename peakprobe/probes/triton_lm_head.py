@@ -34,8 +34,16 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import vocab
 from .sums import Sums
-from .triton_kernel import INTERPRETED, TritonKernelError
+
+
+class LmHeadKernelError(vocab.PeakprobeError):
+    """Inputs the LM-head kernel cannot take (shapes, dtypes, CPU tensors without the interpreter)."""
+
+
+#: True when triton.language was loaded under TRITON_INTERPRET=1 (fixed for the process)
+INTERPRETED = not isinstance(tl.sum, triton.JITFunction)
 
 LOG2E: tl.constexpr = tl.constexpr(1 / math.log(2))
 #: per position: f, max d, second max d, sum 2^x, sum 2^x x, sum d, sum d^2, target logit
@@ -135,12 +143,12 @@ def lm_head_record(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The kernel's float32 record (B*T, FIELDS) of logits (B, T, V) against the next-token
     ``target`` (B, T) int64 (-1: none)."""
     if not lm_head_supported(logits):
-        raise TritonKernelError(
+        raise LmHeadKernelError(
             f"the LM-head kernel takes (B, T, V >= 2) float16 / bfloat16 / float32 logits on CUDA "
             f"(on CPU under TRITON_INTERPRET=1), got {logits.dtype} {tuple(logits.shape)} on {logits.device}")
     b, t, v = logits.shape
     if target.shape != (b, t) or target.device != logits.device:
-        raise TritonKernelError(f"target must be (B, T) = {(b, t)} on {logits.device}, got "
+        raise LmHeadKernelError(f"target must be (B, T) = {(b, t)} on {logits.device}, got "
                                 f"{tuple(target.shape)} on {target.device}")  # fmt: skip
     z = logits if logits.stride(-1) == 1 else logits.contiguous()
     z = z.reshape(b * t, v)  # a view when (B, T) are contiguous over rows
