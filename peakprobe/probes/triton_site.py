@@ -13,7 +13,7 @@ comparable logits and stay accurate in float32 when |z| >> their spread. Per key
   new max moves them per row: q2 += 2 shift q1 + n shift^2, q1 += n shift): the logit mean and
   std without a per-tile mean or variance merge, accurate when |mean| >> std;
 * the second largest logit (a tied maximum counts twice, as ``topk``): a running top two per
-  tile element (elementwise max / min, no reduction), combined across them at the end.
+  pair of tile columns (elementwise max / min, no reduction), combined across them at the end.
 
 Programs of the heads that share a key head are adjacent in the grid (their key tiles meet in
 L2), and the query blocks with the longest key ranges start first.
@@ -124,11 +124,13 @@ def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
         nb = tl.maximum(tl.minimum(en, n0 + BLOCK_N) - tl.maximum(st + 1, n0), 0).to(tl.float32)
     else:
         nb = BLOCK_N * 1.0
-    # running top two per element of the tile (elementwise max / min, no reduction, no
-    # register shuffles): a tie lands in T2, so it counts twice
-    T2 = tl.maximum(T2, tl.minimum(T1, d))
-    T1 = tl.maximum(T1, d)
-    m_new = tl.maximum(m, tl.max(d, 1))  # (M,)
+    # running top two per pair of columns (each thread holds column pairs of the MMA layout):
+    # a tie lands in T2, so it counts twice; the row max reads the pairs' maxima
+    a, b = tl.split(tl.reshape(d, (d.shape[0], BLOCK_N // 2, 2)))  # (M, N/2) each
+    hi2 = tl.maximum(a, b)
+    T2 = tl.maximum(T2, tl.maximum(tl.minimum(a, b), tl.minimum(T1, hi2)))
+    T1 = tl.maximum(T1, hi2)
+    m_new = tl.maximum(m, tl.max(hi2, 1))  # (M,)
     if MASKED:
         m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
     else:
@@ -232,8 +234,8 @@ def site_kernel(
     n = tl.zeros((BLOCK_M,), tl.float32)  # other keys
     q1 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x = (d - m) c
     q2 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x^2
-    T1 = tl.full((BLOCK_M, BLOCK_N), neg_inf, tl.float32)  # largest d per tile column
-    T2 = tl.full((BLOCK_M, BLOCK_N), neg_inf, tl.float32)  # second largest per column
+    T1 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # largest d per column pair
+    T2 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # second largest per pair
 
     for n0 in range(lo_t, fs, BLOCK_N):
         m, se, sx, n, q1, q2, T1, T2 = _tile(
