@@ -53,7 +53,8 @@ import peakprobe  # noqa: E402
 PKG = str(Path(peakprobe.__file__).resolve().parent)
 HOOKS = os.path.join(PKG, "hooks")
 #: the function of peakprobe/hooks whose frame decides the phase (innermost first)
-PHASE_OF = {"attention": "layer", "_kernel": "layer", "lm_head": "lm_head", "run_batch": "batch_end",
+PHASE_OF = {"attention": "layer", "_kernel": "layer", "lm_head": "lm_head", "_lm_head_blocks": "lm_head",
+            "_lm_kernel": "lm_head", "run_batch": "batch_end",
             "end_batch": "batch_end", "ranges_broken": "batch_end", "loss": "batch_end"}
 FORWARD = ("hooks", "layer", "lm_head")  # inside one forward
 #: aten ops whose output shape depends on tensor values (the host waits for them)
