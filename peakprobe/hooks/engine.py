@@ -13,8 +13,9 @@ Paths for attention:
 * the torch path (``probes.attention``), the exact reference, backend "torch", and "auto" on
   CPU; ``fused`` also returns the attention output from the same exponentials.
 
-The LM head reduces the model's own logits block by block (never a float copy of the whole
-logits tensor) and keeps the batch's loss on the device until it is asked for.
+The LM head: on the kernel path one Triton pass over the model's own logits in their dtype
+(``probes.triton_lm_head``); on the torch path block by block (never a float copy of the whole
+logits tensor). Either keeps the batch's loss on the device until it is asked for.
 """
 
 from __future__ import annotations
@@ -159,10 +160,35 @@ class SiteStats:
         return n
 
     # -- the LM head ---------------------------------------------------------------------------
+    def _lm_kernel(self, logits: torch.Tensor) -> bool:
+        if resolve_backend(self.config.backend, logits) != "triton":
+            return False
+        from ..probes.triton_lm_head import lm_head_supported
+
+        return lm_head_supported(logits, self.dtype)
+
     def lm_head(self, logits: torch.Tensor, kept: torch.Tensor, target: torch.Tensor) -> None:
         """Add the LM head's statistics of ``logits`` (B, T, V) over the kept positions (B, T)
-        against the next-token ``target`` (B, T; -1 none), block by block in the statistics
-        dtype; the batch's loss sum and count stay on the device (``loss``)."""
+        against the next-token ``target`` (B, T; -1 none): on the kernel path from one pass
+        over the logits in their own dtype (``probes.triton_lm_head``), else block by block in
+        the statistics dtype; the batch's loss sum and count stay on the device (``loss``)."""
+        v = logits.shape[-1]
+        target = target.to(logits.device)
+        with torch.no_grad():
+            if self._lm_kernel(logits):
+                from ..probes.triton_lm_head import lm_head_sums
+
+                keys, zt = lm_head_sums(logits.detach(), target)
+            else:
+                keys, zt = self._lm_head_blocks(logits, target)
+            stats = finish(keys, kept.to(logits.device), target_logit=zt, n_max=v)
+            self.accumulator.add_rows(SiteGroup(vocab.LM_HEAD, -1), stats, head_dim=None)
+            w = stats.weight[vocab.LOSS]
+            self._loss.append(torch.stack([(stats.values[vocab.LOSS] * w).sum(), w.sum()]))
+
+    def _lm_head_blocks(self, logits: torch.Tensor, target: torch.Tensor) -> tuple[Sums, torch.Tensor]:
+        """The torch path's (``Sums`` (B, T), target logit (B, T)): block by block of positions,
+        each a copy of the logits in the statistics dtype."""
         b, t, v = logits.shape
         # Positions per block: at most lm_chunk, and few enough that one (B, C, V) temporary
         # stays within the block budget whatever the vocabulary (the size of the attention
@@ -171,19 +197,30 @@ class SiteStats:
         step = max(1, min(self.config.lm_chunk, budget // max(1, b * v)))
         parts: list[Sums] = []  # per block of positions: (B, C) sums over the vocabulary
         targets = []
-        target = target.to(logits.device)
-        with torch.no_grad():
-            valid = torch.ones(1, 1, v, dtype=torch.bool, device=logits.device)
-            for t0 in range(0, t, step):
-                z = logits[:, t0 : t0 + step].detach().to(self.dtype)  # (B, C, V)
-                parts.append(block_sums(z, work=self.work))
-                targets.append(target_logit(z, valid, target[:, t0 : t0 + step]))
-            # every position's statistics at once: few large per-row operations, not many small
-            keys = Sums(*(torch.cat([getattr(p, f) for p in parts], 1) for f in Sums.__dataclass_fields__))
-            stats = finish(keys, kept.to(logits.device), target_logit=torch.cat(targets, 1), n_max=v)
-            self.accumulator.add_rows(SiteGroup(vocab.LM_HEAD, -1), stats, head_dim=None)
-            w = stats.weight[vocab.LOSS]
-            self._loss.append(torch.stack([(stats.values[vocab.LOSS] * w).sum(), w.sum()]))
+        valid = torch.ones(1, 1, v, dtype=torch.bool, device=logits.device)
+        for t0 in range(0, t, step):
+            z = logits[:, t0 : t0 + step].detach().to(self.dtype)  # (B, C, V)
+            parts.append(block_sums(z, work=self.work))
+            targets.append(target_logit(z, valid, target[:, t0 : t0 + step]))
+        # every position's statistics at once: few large per-row operations, not many small
+        keys = Sums(*(torch.cat([getattr(p, f) for p in parts], 1) for f in Sums.__dataclass_fields__))
+        return keys, torch.cat(targets, 1)
+
+    def end_batch(self) -> tuple[int, float]:
+        """(rows whose mask the kernel's key ranges misread, the mean next-token loss) of the
+        calls since the last call, from one device-to-host copy (NaN loss without an LM-head
+        call)."""
+        if not self._broken and not self._loss:
+            return 0, float("nan")
+        like = (self._loss or self._broken)[0]
+        broken = (torch.stack([x.to(like.device) for x in self._broken]).sum().to(torch.float64).view(1)
+                  if self._broken else torch.zeros(1, dtype=torch.float64, device=like.device))
+        loss = (torch.stack(self._loss).sum(0).to(torch.float64) if self._loss
+                else torch.zeros(2, dtype=torch.float64, device=like.device))
+        n_broken, total, n = torch.cat([broken, loss.to(broken.device)]).tolist()
+        self._broken.clear()
+        self._loss.clear()
+        return int(n_broken), (total / n if n else float("nan"))
 
     def loss(self) -> float:
         """The mean next-token loss of the LM-head calls since the last call (NaN without one;

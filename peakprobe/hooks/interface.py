@@ -139,16 +139,17 @@ class Probe:
         before = self.stats.accumulator.copy() if kernel else None
         with torch.no_grad():
             self.model(**inputs)
-        if kernel and self.stats.ranges_broken():  # a mask the kernel's ranges misread: the torch path
+        broken, loss = self.stats.end_batch()  # the batch's one device-to-host copy
+        if kernel and broken:  # a mask the kernel's ranges misread: the torch path
             self.stats.accumulator = before
-            self.stats.loss()
             self.stats.config = replace(self.config, backend="torch")
             try:
                 with torch.no_grad():
                     self.model(**inputs)
             finally:
                 self.stats.config = self.config
-        return self.stats.loss()  # computed block by block by the LM-head hook
+            _, loss = self.stats.end_batch()
+        return loss  # computed block by block by the LM-head hook
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy per-site values: site_kind, layer, head, metric, value, n_rows."""
