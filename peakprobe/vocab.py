@@ -19,12 +19,16 @@ ATTN_LAYER = "attn_layer"
 ATTN_ALL = "attn_all"
 #: the next-token softmax over the vocabulary (layer = head = -1)
 LM_HEAD = "lm_head"
-SITE_KINDS: tuple[str, ...] = (ATTN, ATTN_LAYER, ATTN_ALL, LM_HEAD)
+#: a mixture-of-experts layer's softmax over its experts, one row per token (layer, head = -1)
+ROUTER = "router"
+SITE_KINDS: tuple[str, ...] = (ATTN, ATTN_LAYER, ATTN_ALL, LM_HEAD, ROUTER)
+#: the site kinds the peaked / concentrating / saturated classes are given to
+CLASSIFIED_KINDS: tuple[str, ...] = (ATTN, LM_HEAD, ROUTER)
 
 
 def site_label(kind: str, layer: int = -1, head: int = -1) -> str:
     """Human label of a site: ``attn L3 H5``, ``attn L3 (all heads)``, ``attention (all heads)``,
-    ``LM head``."""
+    ``LM head``, ``router L2``."""
     if kind == ATTN:
         return f"attn L{int(layer)} H{int(head)}"
     if kind == ATTN_LAYER:
@@ -33,6 +37,8 @@ def site_label(kind: str, layer: int = -1, head: int = -1) -> str:
         return "attention (all heads)"
     if kind == LM_HEAD:
         return "LM head"
+    if kind == ROUTER:
+        return f"router L{int(layer)}"
     raise ValueError(f"unknown site kind {kind!r}")
 
 
@@ -96,6 +102,21 @@ ATTN_PROBE_METRICS: tuple[str, ...] = (
 )
 LM_PROBE_METRICS: tuple[str, ...] = LM_METRICS + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX,)
 
+# -- MoE routers (one row per token, over the layer's experts) ------------------------------------
+#: router: the probability mass of the k experts the token is sent to (k = the model's top-k)
+TOPK_MASS = "topk_mass"
+#: router row means: the common statistics, peakedness by entropy, the top-k mass
+ROUTER_PROBE_METRICS: tuple[str, ...] = (
+    COMMON_METRICS + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX, TOPK_MASS)
+)
+#: router load balance over the tokens (not row means): the entropy (nats) of the share of
+#: top-k assignments each expert receives, the fraction of experts no token selects, and the
+#: largest expert's load over the mean load (1 = perfectly balanced)
+LOAD_ENTROPY = "load_entropy"
+DEAD_EXPERTS = "dead_experts"
+LOAD_MAX_OVER_MEAN = "load_max_over_mean"
+LOAD_METRICS: tuple[str, ...] = (LOAD_ENTROPY, DEAD_EXPERTS, LOAD_MAX_OVER_MEAN)
+
 # -- per-site figures that are not row means ---------------------------------------------------
 #: the largest logit over a site's rows and options (the quantity QK-clip and MuonClip control):
 #: merged by max, not averaged; its ``n_rows`` counts the rows it was taken over
@@ -141,6 +162,9 @@ GROWTH_METRICS: tuple[str, ...] = (
     ENTROPY,
     LOGIT_MAX,
     LOGIT_ROW_MAX,
+    TOPK_MASS,
+    LOAD_ENTROPY,
+    LOAD_MAX_OVER_MEAN,
 )
 #: the per-site metrics the report's table shows at the last checkpoint
 FINAL_METRICS: tuple[str, ...] = (

@@ -14,7 +14,8 @@ Paths for attention:
   CPU; "compile" fuses its block passes with ``torch.compile``; ``fused`` also returns the
   attention output from the same exponentials.
 
-The LM head reduces the model's own logits block by block (never a float copy of the whole
+A mixture-of-experts router's logits (tokens, experts) are reduced in one block per call
+(``probes.router``). The LM head reduces the model's own logits block by block (never a float copy of the whole
 logits tensor) and keeps the batch's loss on the device until it is asked for.
 """
 
@@ -35,6 +36,7 @@ from ..probes import (
     attention_head_sums,
 )
 from ..probes.ranges import key_ranges, ranges_mask, ranges_supported
+from ..probes.router import router_row_stats
 from ..probes.rows import block_sums, finish, target_logit
 from ..probes.sums import Sums
 from ..probes.workspace import Workspace
@@ -198,6 +200,14 @@ class SiteStats:
             self.accumulator.add_rows(SiteGroup(vocab.LM_HEAD, -1), stats, head_dim=None)
             w = stats.weight[vocab.LOSS]
             self._loss.append(torch.stack([(stats.values[vocab.LOSS] * w).sum(), w.sum()]))
+
+    # -- MoE routers ----------------------------------------------------------------------------
+    def router(self, layer: int, logits: torch.Tensor, kept: torch.Tensor, top_k: int) -> None:
+        """Add router ``layer``'s statistics of ``logits`` (N tokens, E experts) over the ``kept``
+        (N,) tokens, with its top-k (reduced in the statistics dtype; E is small)."""
+        with torch.no_grad():
+            stats, load = router_row_stats(logits, kept, top_k, self.dtype)
+            self.accumulator.add_rows(SiteGroup(vocab.ROUTER, layer), stats, head_dim=None, load=load)
 
     def loss(self) -> float:
         """The mean next-token loss of the LM-head calls since the last call (NaN without one;

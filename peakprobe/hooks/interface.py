@@ -8,8 +8,9 @@ model's original attention function, so the model's outputs are unchanged (with
 ``ProbeConfig(fused=True)`` the output is computed from the probe's own scores instead: QK^T
 once, outputs within float rounding of eager attention). The LM head is read from the model's
 returned logits (exactly what its softmax sees, final softcapping included) by a forward hook on
-the model. Packed documents are probed per document: with ``position_ids`` restarting at 0 the
-model builds their block-diagonal mask itself, flash attention's ``cu_seq_lens`` become each
+the model; a mixture-of-experts model's routers by forward hooks on the router modules
+transformers itself records router logits from (``moe``). Packed documents are probed per
+document: with ``position_ids`` restarting at 0 the model builds their block-diagonal mask itself, flash attention's ``cu_seq_lens`` become each
 row's document start, and the LM head has no target across a document boundary. ``attach`` undoes all of it on exit.
 """
 
@@ -26,6 +27,7 @@ from ..config import ProbeConfig
 from ..probes import MaskSpec
 from ..probes.ranges import cu_seq_starts
 from .engine import SiteStats, lm_targets, resolve_backend
+from .moe import hook_routers
 from .routing import UnsupportedModelError, call_original, original_attention, route_attention
 
 
@@ -112,6 +114,14 @@ class Probe:
             return out, None
         return call_original(self._delegate, module, type(module), query, key, value, attention_mask, **kwargs)
 
+    def _router(self, layer: int, logits: torch.Tensor, top_k: int) -> None:
+        am = self._attention_mask
+        if am is not None and am.numel() == logits.shape[0]:
+            kept = am.reshape(-1).bool()  # routers see the batch's tokens flattened (B * T, E)
+        else:
+            kept = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
+        self.stats.router(layer, logits, kept, top_k)
+
     def _lm_head(self, module, args, kwargs, output) -> None:
         logits = getattr(output, "logits", None)
         ids = self._input_ids
@@ -184,7 +194,7 @@ def attach(model: torch.nn.Module, config: ProbeConfig | None = None) -> Iterato
     probe = Probe(model, config, original_attention(model))
     handles = []
     try:
-        with route_attention(model, probe._attention):
+        with route_attention(model, probe._attention), hook_routers(model, probe._router):
             handles.append(model.register_forward_pre_hook(probe._capture_inputs, with_kwargs=True))
             handles.append(model.register_forward_hook(probe._lm_head, with_kwargs=True))
             yield probe

@@ -1,0 +1,130 @@
+"""MoE routers as softmax sites: exact against a float64 eager reference on tiny random models.
+
+Each architecture's model runs in float32 (its expert matmuls refuse float64); the reference
+takes the router logits the model itself returns with ``output_router_logits=True`` and
+recomputes every statistic token by token in numpy float64 (softmax over the experts, top-k
+from a full argsort, loads from counting), independently of ``peakprobe.probes``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB, left_padded_batch
+from scipy.special import logsumexp
+from transformers import (
+    AutoModelForCausalLM,
+    MixtralConfig,
+    OlmoeConfig,
+    Qwen2MoeConfig,
+    Qwen3MoeConfig,
+)
+
+from peakprobe import vocab
+from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.hooks.moe import find_routers
+
+REL = 1e-9
+E, K = 6, 2
+
+
+def moe_config(arch: str):
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, num_experts_per_tok=K)
+    if arch == "olmoe":
+        return OlmoeConfig(num_experts=E, **common)
+    if arch == "mixtral":
+        return MixtralConfig(num_local_experts=E, **common)
+    if arch == "qwen3_moe":
+        return Qwen3MoeConfig(num_experts=E, moe_intermediate_size=16, head_dim=8, **common)
+    if arch == "qwen2_moe":
+        return Qwen2MoeConfig(num_experts=E, moe_intermediate_size=16,
+                              shared_expert_intermediate_size=16, **common)
+    raise KeyError(arch)
+
+
+MOE_ARCHS = ["olmoe", "mixtral", "qwen3_moe", "qwen2_moe"]
+
+
+def moe_model(arch: str, seed: int = 0):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(moe_config(arch), dtype=torch.float32).eval()
+    with torch.no_grad():  # spread the router logits so rows differ in peakedness
+        for r in find_routers(model):
+            r.module.weight.mul_(8.0)
+    return model
+
+
+def reference(logits: np.ndarray, kept: np.ndarray, k: int) -> dict[str, float]:
+    """Float64 row means and load figures of router logits (N, E) over the kept tokens."""
+    z = logits[kept].astype(np.float64)
+    n, e = z.shape
+    lse = logsumexp(z, axis=1, keepdims=True)
+    logp = z - lse
+    p = np.exp(logp)
+    std = z.std(axis=1)
+    srt = np.sort(z, axis=1)[:, ::-1]
+    top = np.argsort(-z, axis=1, kind="stable")[:, :k]
+    load = np.bincount(top.reshape(-1), minlength=e).astype(float)
+    share = load / load.sum()
+    out = {
+        vocab.ENTROPY: -(p * logp).sum(1).mean(),
+        vocab.ENTROPY_NORM: (-(p * logp).sum(1) / math.log(e)).mean(),
+        vocab.MAX_PROB: p.max(1).mean(),
+        vocab.LOGIT_STD: std.mean(),
+        vocab.LOGIT_MAX_MINUS_MEAN: (z.max(1) - z.mean(1)).mean(),
+        vocab.LOGIT_TOP_GAP: (srt[:, 0] - srt[:, 1]).mean(),
+        vocab.LOGIT_ROW_MAX: z.max(1).mean(),
+        vocab.PEAKED: (std > math.sqrt(2 * math.log(e))).mean(),
+        vocab.TOPK_MASS: np.take_along_axis(p, top, 1).sum(1).mean(),
+        vocab.LOGIT_MAX: z.max(),
+        vocab.LOAD_ENTROPY: -(share[share > 0] * np.log(share[share > 0])).sum(),
+        vocab.DEAD_EXPERTS: (load == 0).mean(),
+        vocab.LOAD_MAX_OVER_MEAN: load.max() / load.mean(),
+    }
+    return {name: float(v) for name, v in out.items()}
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_router_statistics_exact(arch):
+    model = moe_model(arch)
+    ids, mask = left_padded_batch()
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
+    captured = [x.detach().numpy() for x in out.router_logits]
+    assert len(captured) == 2
+    with attach(model, ProbeConfig(dtype="float64")) as probe:
+        probe.run_batch(ids, mask)
+        frame = probe.to_frame()
+    routers = frame[frame["site_kind"] == vocab.ROUTER]
+    assert sorted(routers["layer"].unique()) == [0, 1]
+    kept = mask.reshape(-1).bool().numpy()
+    for layer, logits in enumerate(captured):
+        got = routers[routers["layer"] == layer].set_index("metric")
+        want = reference(logits, kept, K)
+        for name, v in want.items():
+            assert got.at[name, "value"] == pytest.approx(v, rel=REL, abs=1e-12), (arch, layer, name)
+        assert int(got.at[vocab.ENTROPY, "n_rows"]) == int(kept.sum())
+        assert set(vocab.ROUTER_PROBE_METRICS + vocab.LOAD_METRICS) <= set(got.index)
+    # the load figures are not trivial on these models
+    assert routers[routers["metric"] == vocab.LOAD_MAX_OVER_MEAN]["value"].max() > 1.0
+
+
+def test_router_labels_and_hooks_removed():
+    model = moe_model("olmoe")
+    assert vocab.site_label(vocab.ROUTER, 3) == "router L3"
+    routers = find_routers(model)
+    assert [r.layer for r in routers] == [0, 1] and all(r.top_k == K for r in routers)
+    with attach(model, ProbeConfig()):
+        pass
+    assert all(not r.module._forward_hooks for r in routers)
+
+
+def test_dense_model_has_no_router():
+    from conftest import tiny_model
+
+    assert find_routers(tiny_model("llama_gqa")) == []
