@@ -128,3 +128,62 @@ def test_dense_model_has_no_router():
     from conftest import tiny_model
 
     assert find_routers(tiny_model("llama_gqa")) == []
+
+
+MOE_STEPS = [0, 1, 2, 4, 8, 16, 32, 64]
+
+
+def write_moe_sequence(folder, steps=MOE_STEPS) -> None:
+    """save_pretrained folders step<N>/ of a tiny OLMoE whose router logits grow like
+    (1 + step)^(1/3) (its router weights scaled), plus a schedule."""
+    from peakprobe import results
+    from peakprobe.corpus import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = OlmoeConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      num_experts=E, num_experts_per_tok=K, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    for step in steps:
+        torch.manual_seed(2000 + step)
+        model = AutoModelForCausalLM.from_config(cfg).eval()
+        with torch.no_grad():
+            for r in find_routers(model):
+                r.module.weight.mul_(4.0 * (1 + step) ** (1 / 3))
+        model.save_pretrained(folder / f"step{step}")
+        tok.save_pretrained(folder / f"step{step}")
+    results.write_json(folder / "schedule.json", {
+        "kind": "warmup_cosine", "lr_max": 1e-3, "warmup_steps": 2, "total_steps": 64,
+        "final_lr_ratio": 0.1,
+    })
+
+
+@pytest.mark.slow
+def test_moe_sequence_runs_end_to_end(tmp_path):
+    """``peakprobe run`` on a tiny OLMoE sequence: router sites in fits.parquet (growth near the
+    planted 1/3), the heads table, the digest, summary.md, the HTML and the router figure."""
+    import json
+
+    import pandas as pd
+
+    from peakprobe.cli import main
+
+    write_moe_sequence(tmp_path / "seq")
+    run = tmp_path / "run"
+    assert main(["run", str(tmp_path / "seq"), "--out", str(run), "--n-windows", "4", "--window", "24",
+                 "--n-boot", "200", "--no-sensitivity", "-q"]) == 0
+    fits = pd.read_parquet(run / "fits.parquet")
+    growth = fits[(fits.site_kind == vocab.ROUTER) & (fits.fit == vocab.FIT_GROWTH)]
+    std = growth[growth.metric == vocab.LOGIT_STD].set_index("layer")
+    assert sorted(std.index) == [0, 1]
+    assert ((std.alpha_lo < 1 / 3) & (std.alpha_hi > 1 / 3)).all(), std[["alpha", "alpha_lo", "alpha_hi"]]
+    assert set(growth.metric) >= {vocab.TOPK_MASS, vocab.LOAD_ENTROPY, vocab.LOAD_MAX_OVER_MEAN}
+    assert (std.verdict != "").all()
+    heads = pd.read_parquet(run / "report" / "heads.parquet")
+    assert (heads.site_kind == vocab.ROUTER).sum() == 2
+    summary = json.loads((run / "report" / "summary.json").read_text())
+    assert [r["label"] for r in summary["routers"]] == ["router L0", "router L1"]
+    assert summary["routers"][0]["alpha"] == pytest.approx(std.at[0, "alpha"])
+    assert "## MoE routers" in (run / "report" / "summary.md").read_text()
+    assert 'id="routers-table"' in (run / "report" / "report.html").read_text()
+    assert "router_curves" in summary["figures"]

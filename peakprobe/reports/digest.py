@@ -16,6 +16,7 @@ import pandas as pd
 
 from peakprobe import vocab
 from peakprobe.reports import science
+from peakprobe.reports.routers import router_table, routers_block
 from peakprobe.reports.tables import RunData, sensitivity_ranking
 from peakprobe.vocab import (
     ATTN,
@@ -236,6 +237,7 @@ def build_digest(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
         "gains": science.gains_block(run, band),
         "window_scan": science.window_scan_block(run, band),
         "lm_head": lm_block,
+        "routers": routers_block(router_table(run)),
         "attention": {
             "n_sites": int(len(attn)),
             "n_layers": int(attn["layer"].max()) + 1 if not attn.empty else 0,

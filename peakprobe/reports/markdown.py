@@ -111,6 +111,25 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def router_lines(routers: list[dict]) -> list[str]:
+    """The MoE routers' section (nothing for a dense model)."""
+    if not routers:
+        return []
+    lines = ["## MoE routers", "",
+             "Per router: logit_std growth α [CI] and verdict, class, share of L − L0 [CI] when "
+             "measured, and at the last checkpoint the token-mean entropy, max prob and top-k "
+             "mass over experts, the entropy of the expert load (nats), the dead-expert fraction "
+             "and the largest load over the mean.", ""]
+    lines += _table(
+        ["router", "growth α [CI]", "verdict", "class", "share [CI]", "entropy", "max prob",
+         "top-k mass", "load entropy", "dead", "max/mean load"],
+        [[r["label"], _interval(r, "alpha"), r["verdict"] or "—", r["site_class"] or "—",
+          _share(r), _n(r["final_entropy"]), _n(r["final_max_prob"]), _n(r["final_topk_mass"]),
+          _n(r["final_load_entropy"]), _n(r["final_dead_experts"]),
+          _n(r["final_load_max_over_mean"])] for r in routers])
+    return lines
+
+
 def digest_markdown(s: dict) -> str:
     """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
     band = f"[{_n(s['band'][0])}, {_n(s['band'][1])}]"
@@ -214,6 +233,7 @@ def digest_markdown(s: dict) -> str:
             ["site", "peaked", "share [CI]", "gain α", "verdict", "class", "sensitivity"],
             [[_label(t), _yes(t["peaked"]), _share(t), _n(t["alpha_gain"]), t["gain_verdict"] or "—",
               t["site_class"] or "—", _n(t["sensitivity"])] for t in b["top_sites"]])
+    lines += router_lines(s.get("routers") or [])
     sens = s["sensitivity"]
     lines.append("## Sensitivity ranking")
     lines.append("")

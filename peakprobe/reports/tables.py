@@ -191,13 +191,13 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
 def _final_metrics(run: RunData) -> pd.DataFrame:
     """(site) x metric values at the last checkpoint, one row per site."""
     res = run.results
-    final = res[(res["revision"] == run.last_revision) & res["site_kind"].isin((ATTN, LM_HEAD))]
+    final = res[(res["revision"] == run.last_revision) & res["site_kind"].isin(vocab.CLASSIFIED_KINDS)]
     wide = final.pivot_table(index=SITE_KEYS, columns="metric", values="value", aggfunc="first")
     return wide
 
 
 def heads_table(run: RunData) -> pd.DataFrame:
-    """One row per site (attention heads then the LM head), columns ``HEADS_COLUMNS``.
+    """One row per site (attention heads, the LM head, MoE routers), columns ``HEADS_COLUMNS``.
 
     Fit columns come from the site's ``growth`` fit of ``logit_std`` in fits.parquet; ``final_*``
     columns from the last checkpoint; ``sensitivity`` from the last checkpoint's ``sensitivity``
@@ -207,7 +207,7 @@ def heads_table(run: RunData) -> pd.DataFrame:
     growth = fits[
         (fits["fit"] == vocab.FIT_GROWTH)
         & (fits["metric"] == vocab.LOGIT_STD)
-        & fits["site_kind"].isin((ATTN, LM_HEAD))
+        & fits["site_kind"].isin(vocab.CLASSIFIED_KINDS)
     ]
     growth = growth.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
     final = _final_metrics(run)
@@ -226,7 +226,7 @@ def heads_table(run: RunData) -> pd.DataFrame:
     for col in ("alpha_late", "alpha_late_lo", "alpha_late_hi", "q_growing"):
         out[col] = _column(growth, col, index, np.nan).astype("float64")
     out["peaked"] = _column(growth, "peaked", index, False).fillna(False).astype(bool)
-    gain = fits[(fits["fit"] == vocab.FIT_GAIN) & fits["site_kind"].isin((ATTN, LM_HEAD))]
+    gain = fits[(fits["fit"] == vocab.FIT_GAIN) & fits["site_kind"].isin(vocab.CLASSIFIED_KINDS)]
     gain = gain.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
     for col in ("alpha", "alpha_lo", "alpha_hi", "verdict"):
         out[f"gain_{col}"] = _column(gain, col, index, "" if col == "verdict" else np.nan)
