@@ -50,9 +50,10 @@ def moe_config(arch: str):
 MOE_ARCHS = ["olmoe", "mixtral", "qwen3_moe", "qwen2_moe"]
 
 
-def moe_model(arch: str, seed: int = 0):
+def moe_model(arch: str, seed: int = 0, dtype=torch.float32):
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(moe_config(arch), dtype=torch.float32).eval()
+    kwargs = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # float64 experts
+    model = AutoModelForCausalLM.from_config(moe_config(arch), dtype=dtype, **kwargs).eval()
     with torch.no_grad():  # spread the router logits so rows differ in peakedness
         for r in find_routers(model):
             r.module.weight.mul_(8.0)
@@ -187,3 +188,46 @@ def test_moe_sequence_runs_end_to_end(tmp_path):
     assert "## MoE routers" in (run / "report" / "summary.md").read_text()
     assert 'id="routers-table"' in (run / "report" / "report.html").read_text()
     assert "router_curves" in summary["figures"]
+
+
+@pytest.mark.slow
+def test_router_gain_against_scaled_weights():
+    """G, log beta_opt and the slope of each router against an independent computation: the
+    router's weight matrix scaled by beta (not its input), the float64 loss on a grid of log
+    beta refined by scipy's bounded scalar minimisation."""
+    from scipy.optimize import minimize_scalar
+
+    from peakprobe.attribution.routers import router_gains
+
+    model = moe_model("olmoe", seed=3, dtype=torch.float64)
+    ids, mask = left_padded_batch(seed=4)
+    frame = router_gains(model, [(ids, mask)]).set_index(["layer", "metric"])["value"]
+    ok = (mask[:, 1:] * mask[:, :-1]).bool()
+
+    def loss(layer: int, x: float) -> float:
+        w = find_routers(model)[layer].module.weight
+        saved = w.detach().clone()
+        with torch.no_grad():
+            w.mul_(math.exp(x))
+            z = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V) float64
+            w.copy_(saved)
+        ce = torch.logsumexp(z, -1) - z.gather(-1, ids[:, 1:, None])[..., 0]
+        return float(ce[ok].mean())
+
+    for layer in (0, 1):
+        f0 = loss(layer, 0.0)
+        grid = np.linspace(-3, 3, 25)
+        values = [loss(layer, x) for x in grid]
+        best = grid[int(np.argmin(values))]
+        fine = minimize_scalar(lambda x, layer=layer: loss(layer, x),
+                               bounds=(max(-3, best - 0.25), min(3, best + 0.25)), method="bounded",
+                               options={"xatol": 1e-5})
+        g_ref = f0 - min(min(values), fine.fun)
+        assert g_ref > 1e-4  # a gain to find
+        assert frame[(layer, vocab.GAIN)] == pytest.approx(g_ref, rel=0.02, abs=1e-7)
+        assert frame[(layer, vocab.LOG_BETA_OPT)] == pytest.approx(fine.x, abs=0.02)
+        # the router's own softmax runs in float32 even in a float64 model: a wide central
+        # difference (truncation ~h^2, rounding ~1e-7 / h, both under 1e-3 of the slope)
+        slope = (loss(layer, 1e-2) - loss(layer, -1e-2)) / 2e-2
+        assert frame[(layer, vocab.SENSITIVITY)] == pytest.approx(slope, rel=2e-3, abs=1e-8)
+    assert all(not r.module._forward_pre_hooks for r in find_routers(model))

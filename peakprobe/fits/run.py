@@ -57,7 +57,7 @@ SERIES_PER_BATCH = 64
 KEYS = ["site_kind", "layer", "head", "metric"]
 SITE_KEYS = ["site_kind", "layer", "head"]
 #: the families of gain-share tests, each under its own Benjamini-Hochberg control
-SHARE_FAMILIES = ((vocab.ATTN,), (vocab.ATTN_LAYER,), (vocab.ATTN_ALL, vocab.LM_HEAD))
+SHARE_FAMILIES = ((vocab.ATTN,), (vocab.ATTN_LAYER,), (vocab.ATTN_ALL, vocab.LM_HEAD), (vocab.ROUTER,))
 
 
 @dataclass
