@@ -102,6 +102,24 @@ ATTN_PROBE_METRICS: tuple[str, ...] = (
 )
 LM_PROBE_METRICS: tuple[str, ...] = LM_METRICS + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX,)
 
+# -- head roles, on a fixed diagnostic batch of repeated random tokens [x_1..x_n, x_1..x_n] ------
+#: attention on the key after the earlier copy of the query's token (rows of the second copy)
+INDUCTION_SCORE = "induction_score"
+#: attention on the previous position (every row but the first)
+PREV_TOKEN_SCORE = "prev_token_score"
+#: attention on the earlier copy of the query's token (rows of the second copy)
+DUPLICATE_SCORE = "duplicate_score"
+ROLE_METRICS: tuple[str, ...] = (INDUCTION_SCORE, PREV_TOKEN_SCORE, DUPLICATE_SCORE)
+#: a head's role: the role whose score is largest at that checkpoint, when it is at least
+#: ROLE_THRESHOLD; the sink role reads FIRST_KEY_PROB (the evaluation windows' sink mass)
+ROLE_OF: dict[str, str] = {"induction": INDUCTION_SCORE, "previous-token": PREV_TOKEN_SCORE,
+                           "duplicate-token": DUPLICATE_SCORE, "sink": FIRST_KEY_PROB}
+ROLE_THRESHOLD = 0.4
+#: the diagnostic batch: sequences, the period n (halved to fit the model's positions), its seed
+ROLE_SEQUENCES = 8
+ROLE_PERIOD = 32
+ROLE_SEED = 1234
+
 # -- MoE routers (one row per token, over the layer's experts) ------------------------------------
 #: router: the probability mass of the k experts the token is sent to (k = the model's top-k)
 TOPK_MASS = "topk_mass"

@@ -36,6 +36,7 @@ from ..probes import (
     attention_head_sums,
 )
 from ..probes.ranges import key_ranges, ranges_mask, ranges_supported
+from ..probes.roles import role_sums
 from ..probes.router import router_row_stats
 from ..probes.rows import block_sums, finish, target_logit
 from ..probes.sums import Sums
@@ -119,6 +120,9 @@ class SiteStats:
             raise UnsupportedModelError("backend 'triton' needs the triton package (pip install triton)")
         self._broken: list[torch.Tensor] = []  # per kernel call: rows its ranges misrepresent
         self._loss: list[torch.Tensor] = []  # per LM-head call: (sum, count) on the device
+        #: set while the diagnostic batch runs (``interface.Probe.run_roles``): (R, T) role targets
+        self.role_targets: torch.Tensor | None = None
+        self.role_parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (H, R) x 2
 
     # -- attention ---------------------------------------------------------------------------
     def _kernel(self, query, key, spec: MaskSpec, kw: dict) -> bool:
@@ -140,6 +144,9 @@ class SiteStats:
         ``config.fused``) returns the attention output (B, Tq, H, Dv) computed from the probe's
         own scores, else None."""
         query, key = query.detach(), key.detach()
+        if self.role_targets is not None:  # the diagnostic batch: role scores only
+            self._roles(layer, query, key, spec, scaling, softcap, sinks, position_bias)
+            return None
         b, h, tq, _ = query.shape
         tk = key.shape[2]
         kw = {"scaling": scaling, "softcap": softcap, "sinks": sinks, "position_bias": position_bias}
@@ -164,6 +171,26 @@ class SiteStats:
             site = sums(query, key, **torch_kw)
         self.accumulator.add(SiteGroup(vocab.ATTN, layer), site)
         return out
+
+    def _roles(self, layer, query, key, spec, scaling, softcap, sinks, position_bias) -> None:
+        """Add one attention call's role sums (torch path whatever the backend: the diagnostic
+        batch is small)."""
+        sums, counts = role_sums(query, key, self.role_targets, spec=spec, scaling=scaling,
+                                 softcap=softcap, sinks=sinks, position_bias=position_bias,
+                                 chunk=block_rows(self.config.chunk, query, key), dtype=self.dtype)
+        old = self.role_parts.get(layer)
+        self.role_parts[layer] = (sums, counts) if old is None else (old[0] + sums, old[1] + counts)
+
+    def role_rows(self) -> list[tuple]:
+        """(site_kind, layer, head, metric, value, n_rows) of every role score measured."""
+        rows = []
+        for layer, (sums, counts) in sorted(self.role_parts.items()):
+            s, c = sums.cpu().tolist(), counts.cpu().tolist()
+            for head in range(len(s)):
+                for j, name in enumerate(vocab.ROLE_METRICS):
+                    n = c[head][j]
+                    rows.append((vocab.ATTN, layer, head, name, s[head][j] / n if n else float("nan"), int(n)))
+        return rows
 
     def ranges_broken(self) -> int:
         """Rows, since the last call, whose mask the kernel's key ranges could not express (one

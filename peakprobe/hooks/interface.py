@@ -26,6 +26,7 @@ import torch
 from ..config import ProbeConfig
 from ..probes import MaskSpec
 from ..probes.ranges import cu_seq_starts
+from ..probes.roles import diagnostic_batch, role_targets
 from .engine import SiteStats, lm_targets, resolve_backend
 from .moe import hook_routers
 from .routing import UnsupportedModelError, call_original, original_attention, route_attention
@@ -79,6 +80,7 @@ class Probe:
         self._attention_mask: torch.Tensor | None = None
         self._position_ids: torch.Tensor | None = None
         self.n_attention_calls = 0
+        self._roles_only = False  # the diagnostic batch runs: attention role scores alone
 
     @property
     def accumulator(self):
@@ -115,6 +117,8 @@ class Probe:
         return call_original(self._delegate, module, type(module), query, key, value, attention_mask, **kwargs)
 
     def _router(self, layer: int, logits: torch.Tensor, top_k: int) -> None:
+        if self._roles_only:
+            return
         am = self._attention_mask
         if am is not None and am.numel() == logits.shape[0]:
             kept = am.reshape(-1).bool()  # routers see the batch's tokens flattened (B * T, E)
@@ -123,6 +127,8 @@ class Probe:
         self.stats.router(layer, logits, kept, top_k)
 
     def _lm_head(self, module, args, kwargs, output) -> None:
+        if self._roles_only:
+            return
         logits = getattr(output, "logits", None)
         ids = self._input_ids
         if logits is None or ids is None or logits.shape[1] != ids.shape[1]:
@@ -160,13 +166,38 @@ class Probe:
                 self.stats.config = self.config
         return self.stats.loss()  # computed block by block by the LM-head hook
 
+    def run_roles(self, ids: torch.Tensor | None = None, period: int | None = None) -> None:
+        """Run the diagnostic batch (``probes.roles.diagnostic_batch`` for this model's vocabulary
+        and positions, or ``ids`` of period ``period``) and add every head's role scores
+        (``vocab.ROLE_METRICS``); nothing else is counted from it."""
+        if ids is None:
+            cfg = self.model.config
+            size = self.model.get_output_embeddings().weight.shape[0]
+            max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+            ids, period = diagnostic_batch(size, max_pos)
+        device = next(self.model.parameters()).device
+        self.stats.role_targets = role_targets(ids.shape[1], int(period), device)
+        self._roles_only = True
+        try:
+            with torch.no_grad():
+                self.model(input_ids=ids.to(device), use_cache=False)
+        finally:
+            self._roles_only = False
+            self.stats.role_targets = None
+
     def to_frame(self) -> pd.DataFrame:
         """Tidy per-site values: site_kind, layer, head, metric, value, n_rows."""
         if self.stats.ranges_broken():
             raise UnsupportedModelError(
                 "an attention mask the Triton kernel's key ranges cannot express reached it outside "
                 "run_batch; probe with backend='torch'")
-        return self.accumulator.to_frame().reset_index(drop=True)
+        frame = self.accumulator.to_frame()
+        roles = self.stats.role_rows()
+        if roles:
+            extra = pd.DataFrame(roles, columns=list(frame.columns))
+            frame = pd.concat([frame, extra], ignore_index=True).sort_values(
+                ["site_kind", "layer", "head", "metric"], kind="stable")
+        return frame.reset_index(drop=True)
 
 
 def _check_supported(model: torch.nn.Module) -> None:
