@@ -199,6 +199,8 @@ def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = 
                 probe.run_batch(ids, mask, pos)
             else:
                 probe.run_batch(ids, mask, pos, forward=forward)
+        if hf:  # head roles: one forward over the diagnostic batch of repeated random tokens
+            probe.run_roles()
         frame = probe.to_frame()
     if not config.attribution.active:
         return frame

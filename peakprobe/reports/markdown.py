@@ -111,6 +111,22 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def role_lines(roles: dict) -> list[str]:
+    """The head roles' section (nothing when the run has no role scores)."""
+    if not roles.get("measured"):
+        return []
+    lines = ["## Head roles", "",
+             f"On the diagnostic batch of repeated random tokens: a head's role is the one whose "
+             f"score (induction, previous-token, duplicate-token; sink: first_key_prob) is "
+             f"largest at the last checkpoint, when at least {roles['threshold']:g}; it emerged at "
+             "the first checkpoint from which that score stays at or above the threshold.", ""]
+    if not roles["heads"]:
+        return lines + ["No head holds a role.", ""]
+    return lines + _table(["head", "role", "score", "since step"],
+                          [[h["label"], h["role"], _n(h["score"]), str(h["since_step"])]
+                           for h in roles["heads"]])
+
+
 def router_lines(routers: list[dict]) -> list[str]:
     """The MoE routers' section (nothing for a dense model)."""
     if not routers:
@@ -234,6 +250,7 @@ def digest_markdown(s: dict) -> str:
             [[_label(t), _yes(t["peaked"]), _share(t), _n(t["alpha_gain"]), t["gain_verdict"] or "—",
               t["site_class"] or "—", _n(t["sensitivity"])] for t in b["top_sites"]])
     lines += router_lines(s.get("routers") or [])
+    lines += role_lines(s.get("roles") or {})
     sens = s["sensitivity"]
     lines.append("## Sensitivity ranking")
     lines.append("")

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from peakprobe import vocab
+from peakprobe.reports.roles import head_roles
 from peakprobe.results import (
     FITS,
     FITS_JSON,
@@ -95,6 +96,9 @@ HEADS_SCHEMA = pa.schema(
         ("q_share", pa.float64()),
         *[(f"final_{m}", pa.float64()) for m in TABLE_METRICS],
         ("sensitivity", pa.float64()),
+        ("role", pa.string()),
+        ("role_score", pa.float64()),
+        ("role_step", pa.int64()),
     ]
 )
 HEADS_COLUMNS = tuple(HEADS_SCHEMA.names)
@@ -243,6 +247,10 @@ def heads_table(run: RunData) -> pd.DataFrame:
         sens = final[SENSITIVITY].reindex(index).astype("float64")
     sens = sens.fillna(growth["sensitivity"].reindex(index).astype("float64"))
     out["sensitivity"] = sens
+    roles = head_roles(run.results).set_index(SITE_KEYS)
+    out["role"] = _column(roles, "role", index, "").astype(str)
+    out["role_score"] = _column(roles, "role_score", index, np.nan).astype("float64")
+    out["role_step"] = _column(roles, "role_step", index, -1).astype("int64")
     out = out.reset_index()
     out["layer"] = out["layer"].astype("int64")
     out["head"] = out["head"].astype("int64")
