@@ -120,6 +120,23 @@ ROLE_SEQUENCES = 8
 ROLE_PERIOD = 32
 ROLE_SEED = 1234
 
+# -- why the logits grow: the query-key geometry of each head over its visible pairs ------------
+#: mean query norm over rows, mean key norm and mean cosine of q and k over visible pairs (the
+#: q and k the softmax sees: after any q/k norm and rotary)
+Q_NORM = "q_norm"
+K_NORM = "k_norm"
+QK_COS = "qk_cos"
+#: the exact decomposition logit_rms = scaling * q_rms * k_rms * qk_align over visible pairs:
+#: the RMS logit (scaling * q.k, before softcapping and biases), the RMS query and key norms
+#: (pair-weighted), and the alignment factor RMS(q.k) / (q_rms * k_rms)
+LOGIT_RMS = "logit_rms"
+Q_RMS = "q_rms"
+K_RMS = "k_rms"
+QK_ALIGN = "qk_align"
+GEOMETRY_METRICS: tuple[str, ...] = (Q_NORM, K_NORM, QK_COS, LOGIT_RMS, Q_RMS, K_RMS, QK_ALIGN)
+#: the factors of LOGIT_RMS whose growth exponents add up to its own
+LOGIT_FACTORS: tuple[str, ...] = (Q_RMS, K_RMS, QK_ALIGN)
+
 # -- MoE routers (one row per token, over the layer's experts) ------------------------------------
 #: router: the probability mass of the k experts the token is sent to (k = the model's top-k)
 TOPK_MASS = "topk_mass"
@@ -183,6 +200,12 @@ GROWTH_METRICS: tuple[str, ...] = (
     TOPK_MASS,
     LOAD_ENTROPY,
     LOAD_MAX_OVER_MEAN,
+    LOGIT_RMS,
+    Q_RMS,
+    K_RMS,
+    QK_ALIGN,
+    Q_NORM,
+    K_NORM,
 )
 #: the per-site metrics the report's table shows at the last checkpoint
 FINAL_METRICS: tuple[str, ...] = (

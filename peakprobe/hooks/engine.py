@@ -35,6 +35,7 @@ from ..probes import (
     attention_forward_with_sums,
     attention_head_sums,
 )
+from ..probes.geometry import geometry_sums, geometry_values
 from ..probes.ranges import key_ranges, ranges_mask, ranges_supported
 from ..probes.roles import role_sums
 from ..probes.router import router_row_stats
@@ -123,6 +124,7 @@ class SiteStats:
         #: set while the diagnostic batch runs (``interface.Probe.run_roles``): (R, T) role targets
         self.role_targets: torch.Tensor | None = None
         self.role_parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (H, R) x 2
+        self.geometry_parts: dict[int, tuple[torch.Tensor, float]] = {}  # layer -> (H, S), scaling
 
     # -- attention ---------------------------------------------------------------------------
     def _kernel(self, query, key, spec: MaskSpec, kw: dict) -> bool:
@@ -147,6 +149,7 @@ class SiteStats:
         if self.role_targets is not None:  # the diagnostic batch: role scores only
             self._roles(layer, query, key, spec, scaling, softcap, sinks, position_bias)
             return None
+        self._geometry(layer, query, key, spec, scaling, row_valid, doc_start)
         b, h, tq, _ = query.shape
         tk = key.shape[2]
         kw = {"scaling": scaling, "softcap": softcap, "sinks": sinks, "position_bias": position_bias}
@@ -180,6 +183,27 @@ class SiteStats:
                                  chunk=block_rows(self.config.chunk, query, key), dtype=self.dtype)
         old = self.role_parts.get(layer)
         self.role_parts[layer] = (sums, counts) if old is None else (old[0] + sums, old[1] + counts)
+
+    def _geometry(self, layer, query, key, spec, scaling, row_valid, doc_start) -> None:
+        """Add one call's query-key geometry sums (``probes.geometry``; torch, whatever the
+        statistics path)."""
+        if doc_start is not None:
+            b, _, tq, _ = query.shape
+            spec = MaskSpec(mask=ranges_mask(key_ranges(spec, b, tq, key.shape[2], query.device, doc_start),
+                                             key.shape[2]))
+        sums = geometry_sums(query, key, spec=spec, row_valid=row_valid,
+                             chunk=block_rows(self.config.chunk, query, key), dtype=self.dtype)
+        old = self.geometry_parts.get(layer)
+        self.geometry_parts[layer] = (sums if old is None else old[0] + sums.to(old[0].device), scaling)
+
+    def geometry_rows(self) -> list[tuple]:
+        """(site_kind, layer, head, metric, value, n_rows) of every head's geometry."""
+        rows = []
+        for layer, (sums, scaling) in sorted(self.geometry_parts.items()):
+            for name, (v, n) in geometry_values(sums, scaling).items():
+                for head, (x, c) in enumerate(zip(v.cpu().tolist(), n.cpu().tolist(), strict=True)):
+                    rows.append((vocab.ATTN, layer, head, name, x, int(c)))
+        return rows
 
     def role_rows(self) -> list[tuple]:
         """(site_kind, layer, head, metric, value, n_rows) of every role score measured."""

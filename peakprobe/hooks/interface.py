@@ -192,7 +192,7 @@ class Probe:
                 "an attention mask the Triton kernel's key ranges cannot express reached it outside "
                 "run_batch; probe with backend='torch'")
         frame = self.accumulator.to_frame()
-        roles = self.stats.role_rows()
+        roles = self.stats.role_rows() + self.stats.geometry_rows()
         if roles:
             extra = pd.DataFrame(roles, columns=list(frame.columns))
             frame = pd.concat([frame, extra], ignore_index=True).sort_values(

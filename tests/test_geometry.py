@@ -1,0 +1,75 @@
+"""Why the logits grow: the query-key geometry per head against a brute-force float64 reference
+(every pair materialised, only in the test), the exact decomposition of the RMS logit, and the
+growth exponents of its factors adding up on a planted run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import left_padded_batch, tiny_model
+
+from peakprobe import vocab
+from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.probes.attention import MaskSpec
+from peakprobe.probes.geometry import geometry_sums, geometry_values
+
+
+def brute(q, k, visible, scaling):
+    """Reference values per head: q (B, H, T, D), k (B, H, T, D) numpy, visible (B, H, T, T)."""
+    out = {}
+    qn, kn = np.linalg.norm(q, axis=-1), np.linalg.norm(k, axis=-1)
+    u = np.einsum("bhid,bhjd->bhij", q, k)
+    for h in range(q.shape[1]):
+        v = visible[:, h]
+        rows = v.any(-1)
+        qq = np.broadcast_to(qn[:, h, :, None], v.shape)[v]
+        kk = np.broadcast_to(kn[:, h, None, :], v.shape)[v]
+        uu = u[:, h][v]
+        q_rms, k_rms = math.sqrt((qq ** 2).mean()), math.sqrt((kk ** 2).mean())
+        out[h] = {
+            vocab.Q_NORM: qn[:, h][rows].mean(), vocab.K_NORM: kk.mean(),
+            vocab.QK_COS: (uu / (qq * kk)).mean(), vocab.LOGIT_RMS: scaling * math.sqrt((uu ** 2).mean()),
+            vocab.Q_RMS: q_rms, vocab.K_RMS: k_rms,
+            vocab.QK_ALIGN: math.sqrt((uu ** 2).mean()) / (q_rms * k_rms),
+        }
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_geometry_against_every_pair(window):
+    g = torch.Generator().manual_seed(0)
+    b, h, hkv, t, d = 2, 4, 2, 11, 8
+    q = torch.randn(b, h, t, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, hkv, t, d, generator=g, dtype=torch.float64) * 1.7
+    row_valid = torch.ones(b, t, dtype=torch.bool)
+    row_valid[1, :3] = False
+    pad = torch.ones(b, 1, t, t, dtype=torch.bool)
+    pad[1, :, :, :3] = False  # left padding: no query sees the first three keys of row 1
+    spec = MaskSpec(mask=pad, causal=True, sliding_window=window)
+    sums = geometry_sums(q, k, spec=spec, row_valid=row_valid, chunk=3)
+    got = {name: v.numpy() for name, (v, _) in geometry_values(sums, 0.3).items()}
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    vis = (j <= i) & (True if window is None else (j > i - window))
+    vis = np.broadcast_to(vis, (b, h, t, t)) & pad.numpy() & row_valid.numpy()[:, None, :, None]
+    want = brute(q.numpy(), k.repeat_interleave(2, 1).numpy(), vis, 0.3)
+    for head in range(h):
+        for name, v in want[head].items():
+            assert got[name][head] == pytest.approx(v, rel=1e-12), (head, name)
+
+
+def test_rms_logit_decomposes_exactly_through_attach():
+    model = tiny_model("llama_gqa")
+    ids, mask = left_padded_batch()
+    with attach(model, ProbeConfig(dtype="float64")) as probe:
+        probe.run_batch(ids, mask)
+        frame = probe.to_frame()
+    attn = frame[frame["site_kind"] == vocab.ATTN].pivot_table(index=["layer", "head"], columns="metric",
+                                                               values="value")
+    scaling = model.config.head_dim ** -0.5 if hasattr(model.config, "head_dim") else (32 // 4) ** -0.5
+    product = scaling * attn[vocab.Q_RMS] * attn[vocab.K_RMS] * attn[vocab.QK_ALIGN]
+    np.testing.assert_allclose(attn[vocab.LOGIT_RMS], product, rtol=1e-12)
+    assert (attn[vocab.QK_ALIGN] <= 1 + 1e-12).all() and (attn[vocab.QK_COS].abs() <= 1).all()
