@@ -73,3 +73,40 @@ def test_rms_logit_decomposes_exactly_through_attach():
     product = scaling * attn[vocab.Q_RMS] * attn[vocab.K_RMS] * attn[vocab.QK_ALIGN]
     np.testing.assert_allclose(attn[vocab.LOGIT_RMS], product, rtol=1e-12)
     assert (attn[vocab.QK_ALIGN] <= 1 + 1e-12).all() and (attn[vocab.QK_COS].abs() <= 1).all()
+
+
+@pytest.mark.slow
+def test_factor_exponents_add_up_on_a_planted_run(tmp_path):
+    """The conftest sequence scales every head's q, k (and v) weights by (1 + step)^(1/3): for
+    every peaked head, the fitted exponents of q_rms, k_rms and qk_align add up to logit_rms's
+    within 0.05, and the report names a norm (not the alignment) as the carrier."""
+    import json
+
+    from conftest import STEPS, _sequence_model
+
+    from peakprobe import results
+    from peakprobe.cli import main
+
+    for step in STEPS:  # the conftest sequence, its attention sharpened 8x more: peaked heads
+        model, tok = _sequence_model(step)
+        with torch.no_grad():
+            for layer in model.gpt_neox.layers:
+                layer.attention.query_key_value.weight.mul_(8.0)
+        model.save_pretrained(tmp_path / "seq" / f"step{step}")
+        tok.save_pretrained(tmp_path / "seq" / f"step{step}")
+    results.write_json(tmp_path / "seq" / "schedule.json", {
+        "kind": "warmup_cosine", "lr_max": 1e-3, "warmup_steps": 2, "total_steps": 64,
+        "final_lr_ratio": 0.1})
+    run = tmp_path / "run"
+    assert main(["run", str(tmp_path / "seq"), "--out", str(run), "--n-windows", "4", "--window", "24",
+                 "--n-boot", "200", "--no-sensitivity", "-q"]) == 0
+    summary = json.loads((run / "report" / "summary.json").read_text())
+    f = summary["logit_factors"]
+    assert f["measured"] and f["rows"] and f["heads_of"] == "peaked heads"
+    for r in f["rows"]:
+        assert abs(r["alpha_sum"] - r["alpha_logit_rms"]) < 0.05, r
+        assert r["carrier"] in ("query norm", "key norm"), r
+    assert "## Why the logits grow" in (run / "report" / "summary.md").read_text()
+    assert 'id="logit-factors-table"' in (run / "report" / "report.html").read_text()
+    fits = pd.read_parquet(run / "fits.parquet")  # the robust fits of each factor too
+    assert set(vocab.LOGIT_FACTORS) <= set(fits[fits.fit == vocab.FIT_GROWTH].metric)

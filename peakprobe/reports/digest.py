@@ -16,6 +16,7 @@ import pandas as pd
 
 from peakprobe import vocab
 from peakprobe.reports import science
+from peakprobe.reports.growth_factors import factors_block
 from peakprobe.reports.routers import router_table, routers_block
 from peakprobe.reports.tables import RunData, sensitivity_ranking
 from peakprobe.vocab import (
@@ -254,6 +255,7 @@ def build_digest(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
         "lm_head": lm_block,
         "routers": routers_block(router_table(run)),
         "roles": _roles_block(run, heads),
+        "logit_factors": factors_block(run, heads),
         "attention": {
             "n_sites": int(len(attn)),
             "n_layers": int(attn["layer"].max()) + 1 if not attn.empty else 0,

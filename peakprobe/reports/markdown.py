@@ -111,6 +111,23 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def factor_lines(f: dict) -> list[str]:
+    """The section on why the logits grow (nothing when the run has no geometry fits)."""
+    if not f.get("measured"):
+        return []
+    lines = ["## Why the logits grow", "",
+             "The RMS logit over visible pairs is exactly scaling × q_rms × k_rms × qk_align, so "
+             "the growth exponents of the query norm, key norm and alignment add up to the RMS "
+             f"logit's (least squares on log-log axes over the RMS logit's fit window, so they add up "
+             f"exactly). For the {f['heads_of']}"
+             + (" (no head is peaked)" if f["heads_of"] == "all heads" else "")
+             + ", the factor that carries the growth is the one with the largest exponent.", ""]
+    return lines + _table(
+        ["head", "logit_rms α", "q_rms α", "k_rms α", "qk_align α", "sum", "carried by"],
+        [[r["label"], _n(r["alpha_logit_rms"]), _n(r["alpha_q_rms"]), _n(r["alpha_k_rms"]),
+          _n(r["alpha_qk_align"]), _n(r["alpha_sum"]), r["carrier"] or "—"] for r in f["rows"]])
+
+
 def role_lines(roles: dict) -> list[str]:
     """The head roles' section (nothing when the run has no role scores)."""
     if not roles.get("measured"):
@@ -251,6 +268,7 @@ def digest_markdown(s: dict) -> str:
               t["site_class"] or "—", _n(t["sensitivity"])] for t in b["top_sites"]])
     lines += router_lines(s.get("routers") or [])
     lines += role_lines(s.get("roles") or {})
+    lines += factor_lines(s.get("logit_factors") or {})
     sens = s["sensitivity"]
     lines.append("## Sensitivity ranking")
     lines.append("")
