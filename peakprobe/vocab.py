@@ -136,6 +136,13 @@ QK_ALIGN = "qk_align"
 GEOMETRY_METRICS: tuple[str, ...] = (Q_NORM, K_NORM, QK_COS, LOGIT_RMS, Q_RMS, K_RMS, QK_ALIGN)
 #: the factors of LOGIT_RMS whose growth exponents add up to its own
 LOGIT_FACTORS: tuple[str, ...] = (Q_RMS, K_RMS, QK_ALIGN)
+#: LM head: mean norm of the final hidden state the LM head reads, mean norm of the unembedding
+#: rows (over the vocabulary; a per-checkpoint weight figure), mean log Z = logsumexp of the
+#: logits (the quantity z-loss penalises)
+HIDDEN_NORM = "hidden_norm"
+UNEMBED_NORM = "unembed_norm"
+LOG_Z = "log_z"
+LM_FACTOR_METRICS: tuple[str, ...] = (HIDDEN_NORM, UNEMBED_NORM, LOG_Z)
 
 # -- MoE routers (one row per token, over the layer's experts) ------------------------------------
 #: router: the probability mass of the k experts the token is sent to (k = the model's top-k)
@@ -206,6 +213,9 @@ GROWTH_METRICS: tuple[str, ...] = (
     QK_ALIGN,
     Q_NORM,
     K_NORM,
+    HIDDEN_NORM,
+    UNEMBED_NORM,
+    LOG_Z,
 )
 #: the per-site metrics the report's table shows at the last checkpoint
 FINAL_METRICS: tuple[str, ...] = (

@@ -110,3 +110,23 @@ def test_factor_exponents_add_up_on_a_planted_run(tmp_path):
     assert 'id="logit-factors-table"' in (run / "report" / "report.html").read_text()
     fits = pd.read_parquet(run / "fits.parquet")  # the robust fits of each factor too
     assert set(vocab.LOGIT_FACTORS) <= set(fits[fits.fit == vocab.FIT_GROWTH].metric)
+
+
+def test_lm_head_factors_against_the_model():
+    """mean log Z, the hidden-state norm and the unembedding row norm of the LM head against the
+    model's own float64 logits, last hidden state and weights over the kept (non-padding) rows."""
+    model = tiny_model("llama_gqa")
+    ids, mask = left_padded_batch()
+    with attach(model, ProbeConfig(dtype="float64")) as probe:
+        probe.run_batch(ids, mask)
+        frame = probe.to_frame()
+    lm = frame[frame["site_kind"] == vocab.LM_HEAD].set_index("metric")
+    with torch.no_grad():
+        h = model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, D)
+        z = model.lm_head(h)  # (B, T, V)
+    kept = mask.bool()
+    assert lm.at[vocab.LOG_Z, "value"] == pytest.approx(float(torch.logsumexp(z, -1)[kept].mean()), rel=1e-12)
+    assert lm.at[vocab.HIDDEN_NORM, "value"] == pytest.approx(float(h.norm(dim=-1)[kept].mean()), rel=1e-12)
+    w = model.lm_head.weight.detach()
+    assert lm.at[vocab.UNEMBED_NORM, "value"] == pytest.approx(float(w.norm(dim=-1).mean()), rel=1e-12)
+    assert int(lm.at[vocab.UNEMBED_NORM, "n_rows"]) == w.shape[0]

@@ -226,10 +226,12 @@ class SiteStats:
         return n
 
     # -- the LM head ---------------------------------------------------------------------------
-    def lm_head(self, logits: torch.Tensor, kept: torch.Tensor, target: torch.Tensor) -> None:
+    def lm_head(self, logits: torch.Tensor, kept: torch.Tensor, target: torch.Tensor,
+                hidden: torch.Tensor | None = None) -> None:
         """Add the LM head's statistics of ``logits`` (B, T, V) over the kept positions (B, T)
         against the next-token ``target`` (B, T; -1 none), block by block in the statistics
-        dtype; the batch's loss sum and count stay on the device (``loss``)."""
+        dtype, with the mean log Z and, given the ``hidden`` states (B, T, D) the LM head read,
+        their mean norm; the batch's loss sum and count stay on the device (``loss``)."""
         b, t, v = logits.shape
         # Positions per block: at most lm_chunk, and few enough that one (B, C, V) temporary
         # stays within the block budget whatever the vocabulary (the size of the attention
@@ -248,6 +250,15 @@ class SiteStats:
             # every position's statistics at once: few large per-row operations, not many small
             keys = Sums(*(torch.cat([getattr(p, f) for p in parts], 1) for f in Sums.__dataclass_fields__))
             stats = finish(keys, kept.to(logits.device), target_logit=torch.cat(targets, 1), n_max=v)
+            okf = stats.weight[vocab.ENTROPY]  # (B, T) 1 on kept rows
+            zero = torch.zeros((), dtype=okf.dtype, device=okf.device)
+            lse = keys.m + keys.s.clamp(min=1e-300).log()  # (B, T) log Z
+            stats.values[vocab.LOG_Z] = torch.where(okf > 0, lse, zero)
+            stats.weight[vocab.LOG_Z] = okf
+            if hidden is not None and tuple(hidden.shape[:2]) == (b, t):
+                norm = hidden.detach().to(self.dtype).norm(dim=-1).to(okf.dtype).to(okf.device)
+                stats.values[vocab.HIDDEN_NORM] = torch.where(okf > 0, norm, zero)
+                stats.weight[vocab.HIDDEN_NORM] = okf
             self.accumulator.add_rows(SiteGroup(vocab.LM_HEAD, -1), stats, head_dim=None)
             w = stats.weight[vocab.LOSS]
             self._loss.append(torch.stack([(stats.values[vocab.LOSS] * w).sum(), w.sum()]))

@@ -23,6 +23,7 @@ from dataclasses import replace
 import pandas as pd
 import torch
 
+from .. import vocab
 from ..config import ProbeConfig
 from ..probes import MaskSpec
 from ..probes.ranges import cu_seq_starts
@@ -81,6 +82,7 @@ class Probe:
         self._position_ids: torch.Tensor | None = None
         self.n_attention_calls = 0
         self._roles_only = False  # the diagnostic batch runs: attention role scores alone
+        self._hidden: torch.Tensor | None = None  # the final hidden states the LM head read
 
     @property
     def accumulator(self):
@@ -134,7 +136,11 @@ class Probe:
         if logits is None or ids is None or logits.shape[1] != ids.shape[1]:
             return
         kept, target = lm_targets(ids, self._attention_mask, self._position_ids)
-        self.stats.lm_head(logits, kept, target)
+        hidden, self._hidden = self._hidden, None
+        self.stats.lm_head(logits, kept, target, hidden)
+
+    def _lm_input(self, module, args) -> None:
+        self._hidden = args[0] if args and isinstance(args[0], torch.Tensor) else None
 
     # -- public --------------------------------------------------------------------------
     def run_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -185,6 +191,14 @@ class Probe:
             self._roles_only = False
             self.stats.role_targets = None
 
+    def _unembed_rows(self, frame: pd.DataFrame) -> list[tuple]:
+        """The LM head's mean unembedding row norm (a weight figure, n_rows = V)."""
+        if self.model is None or not (frame["site_kind"] == vocab.LM_HEAD).any():
+            return []
+        w = self.model.get_output_embeddings().weight.detach()  # (V, D)
+        norm = float(w.to(torch.float64).norm(dim=-1).mean())
+        return [(vocab.LM_HEAD, -1, -1, vocab.UNEMBED_NORM, norm, int(w.shape[0]))]
+
     def to_frame(self) -> pd.DataFrame:
         """Tidy per-site values: site_kind, layer, head, metric, value, n_rows."""
         if self.stats.ranges_broken():
@@ -192,7 +206,7 @@ class Probe:
                 "an attention mask the Triton kernel's key ranges cannot express reached it outside "
                 "run_batch; probe with backend='torch'")
         frame = self.accumulator.to_frame()
-        roles = self.stats.role_rows() + self.stats.geometry_rows()
+        roles = self.stats.role_rows() + self.stats.geometry_rows() + self._unembed_rows(frame)
         if roles:
             extra = pd.DataFrame(roles, columns=list(frame.columns))
             frame = pd.concat([frame, extra], ignore_index=True).sort_values(
@@ -228,6 +242,7 @@ def attach(model: torch.nn.Module, config: ProbeConfig | None = None) -> Iterato
         with route_attention(model, probe._attention), hook_routers(model, probe._router):
             handles.append(model.register_forward_pre_hook(probe._capture_inputs, with_kwargs=True))
             handles.append(model.register_forward_hook(probe._lm_head, with_kwargs=True))
+            handles.append(model.get_output_embeddings().register_forward_pre_hook(probe._lm_input))
             yield probe
             if probe.n_attention_calls == 0 and probe.accumulator.groups():
                 raise UnsupportedModelError(
