@@ -118,9 +118,9 @@ def factor_lines(f: dict) -> list[str]:
     lines = ["## Why the logits grow", "",
              "The RMS logit over visible pairs is exactly scaling × q_rms × k_rms × qk_align, so "
              "the growth exponents of the query norm, key norm and alignment add up to the RMS "
-             f"logit's (least squares on log-log axes over the RMS logit's fit window, so they add up "
-             f"exactly). For the {f['heads_of']}"
-             + (" (no head is peaked)" if f["heads_of"] == "all heads" else "")
+             "logit's (least squares on log-log axes over the RMS logit's fit window, so they add up "
+             "exactly). For "
+             + ("all heads (no head is peaked)" if f["heads_of"] == "all heads" else "the peaked heads")
              + ", the factor that carries the growth is the one with the largest exponent.", ""]
     return lines + _table(
         ["head", "logit_rms α", "q_rms α", "k_rms α", "qk_align α", "sum", "carried by"],
