@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .attribution import attribute
+from .attribution.routers import router_gains
 from .checkpoints_index import Checkpoint, CheckpointSequence
 from .checkpoints_index.cache import hub_cache_dir
 from .config import SweepConfig
@@ -206,6 +207,8 @@ def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = 
                 probe.run_batch(ids, mask, pos)
             else:
                 probe.run_batch(ids, mask, pos, forward=forward)
+        if hf:  # head roles: one forward over the diagnostic batch of repeated random tokens
+            probe.run_roles()
         frame = probe.to_frame()
     if not config.attribution.active:
         return frame
@@ -217,7 +220,8 @@ def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = 
     subset = list(data.batches(config.batch_size, config.attribution.windows))  # (b, T) each
     extra = attribute(model, subset, heads=config.attribution.heads, progress=progress,
                       desc=f"{desc} attribution".strip())
-    frame = pd.concat([frame, extra], ignore_index=True)
+    routers = router_gains(model, subset, progress=progress, desc=f"{desc} router gains".strip())
+    frame = pd.concat([frame, extra] + ([routers] if len(routers) else []), ignore_index=True)
     return frame.sort_values(["site_kind", "layer", "head", "metric"], kind="stable").reset_index(drop=True)
 
 

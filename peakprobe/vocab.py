@@ -16,11 +16,15 @@ ATTN_LAYER = "attn_layer"
 ATTN_ALL = "attn_all"
 #: the next-token softmax over the vocabulary (layer = head = -1)
 LM_HEAD = "lm_head"
+#: a mixture-of-experts layer's softmax over its experts, one row per token (layer, head = -1)
+ROUTER = "router"
+#: the site kinds the peaked / concentrating / saturated classes are given to
+CLASSIFIED_KINDS: tuple[str, ...] = (ATTN, LM_HEAD, ROUTER)
 
 
 def site_label(kind: str, layer: int = -1, head: int = -1) -> str:
     """Human label of a site: ``attn L3 H5``, ``attn L3 (all heads)``, ``attention (all heads)``,
-    ``LM head``."""
+    ``LM head``, ``router L2``."""
     if kind == ATTN:
         return f"attn L{int(layer)} H{int(head)}"
     if kind == ATTN_LAYER:
@@ -29,6 +33,8 @@ def site_label(kind: str, layer: int = -1, head: int = -1) -> str:
         return "attention (all heads)"
     if kind == LM_HEAD:
         return "LM head"
+    if kind == ROUTER:
+        return f"router L{int(layer)}"
     raise ValueError(f"unknown site kind {kind!r}")
 
 
@@ -90,6 +96,63 @@ LM_PROBE_METRICS: tuple[str, ...] = (
     COMMON_METRICS + LM_EXTRA + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX,)
 )
 
+# -- head roles, on a fixed diagnostic batch of repeated random tokens [x_1..x_n, x_1..x_n] ------
+#: attention on the key after the earlier copy of the query's token (rows of the second copy)
+INDUCTION_SCORE = "induction_score"
+#: attention on the previous position (every row but the first)
+PREV_TOKEN_SCORE = "prev_token_score"
+#: attention on the earlier copy of the query's token (rows of the second copy)
+DUPLICATE_SCORE = "duplicate_score"
+ROLE_METRICS: tuple[str, ...] = (INDUCTION_SCORE, PREV_TOKEN_SCORE, DUPLICATE_SCORE)
+#: a head's role: the role whose score is largest at that checkpoint, when it is at least
+#: ROLE_THRESHOLD; the sink role reads FIRST_KEY_PROB (the evaluation windows' sink mass)
+ROLE_OF: dict[str, str] = {"induction": INDUCTION_SCORE, "previous-token": PREV_TOKEN_SCORE,
+                           "duplicate-token": DUPLICATE_SCORE, "sink": FIRST_KEY_PROB}
+ROLE_THRESHOLD = 0.4
+#: the diagnostic batch: sequences, the period n (halved to fit the model's positions), its seed
+ROLE_SEQUENCES = 8
+ROLE_PERIOD = 32
+ROLE_SEED = 1234
+
+# -- why the logits grow: the query-key geometry of each head over its visible pairs ------------
+#: mean query norm over rows, mean key norm and mean cosine of q and k over visible pairs (the
+#: q and k the softmax sees: after any q/k norm and rotary)
+Q_NORM = "q_norm"
+K_NORM = "k_norm"
+QK_COS = "qk_cos"
+#: the exact decomposition logit_rms = scaling * q_rms * k_rms * qk_align over visible pairs:
+#: the RMS logit (scaling * q.k, before softcapping and biases), the RMS query and key norms
+#: (pair-weighted), and the alignment factor RMS(q.k) / (q_rms * k_rms)
+LOGIT_RMS = "logit_rms"
+Q_RMS = "q_rms"
+K_RMS = "k_rms"
+QK_ALIGN = "qk_align"
+GEOMETRY_METRICS: tuple[str, ...] = (Q_NORM, K_NORM, QK_COS, LOGIT_RMS, Q_RMS, K_RMS, QK_ALIGN)
+#: the factors of LOGIT_RMS whose growth exponents add up to its own
+LOGIT_FACTORS: tuple[str, ...] = (Q_RMS, K_RMS, QK_ALIGN)
+#: LM head: mean norm of the final hidden state the LM head reads, mean norm of the unembedding
+#: rows (over the vocabulary; a per-checkpoint weight figure), mean log Z = logsumexp of the
+#: logits (the quantity z-loss penalises)
+HIDDEN_NORM = "hidden_norm"
+UNEMBED_NORM = "unembed_norm"
+LOG_Z = "log_z"
+LM_FACTOR_METRICS: tuple[str, ...] = (HIDDEN_NORM, UNEMBED_NORM, LOG_Z)
+
+# -- MoE routers (one row per token, over the layer's experts) ------------------------------------
+#: router: the probability mass of the k experts the token is sent to (k = the model's top-k)
+TOPK_MASS = "topk_mass"
+#: router row means: the common statistics, peakedness by entropy, the top-k mass
+ROUTER_PROBE_METRICS: tuple[str, ...] = (
+    COMMON_METRICS + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX, TOPK_MASS)
+)
+#: router load balance over the tokens (not row means): the entropy (nats) of the share of
+#: top-k assignments each expert receives, the fraction of experts no token selects, and the
+#: largest expert's load over the mean load (1 = perfectly balanced)
+LOAD_ENTROPY = "load_entropy"
+DEAD_EXPERTS = "dead_experts"
+LOAD_MAX_OVER_MEAN = "load_max_over_mean"
+LOAD_METRICS: tuple[str, ...] = (LOAD_ENTROPY, DEAD_EXPERTS, LOAD_MAX_OVER_MEAN)
+
 # -- per-site figures that are not row means ---------------------------------------------------
 #: the largest logit over a site's rows and options (the quantity QK-clip and MuonClip control):
 #: merged by max, not averaged; its ``n_rows`` counts the rows it was taken over
@@ -135,6 +198,18 @@ GROWTH_METRICS: tuple[str, ...] = (
     ENTROPY,
     LOGIT_MAX,
     LOGIT_ROW_MAX,
+    TOPK_MASS,
+    LOAD_ENTROPY,
+    LOAD_MAX_OVER_MEAN,
+    LOGIT_RMS,
+    Q_RMS,
+    K_RMS,
+    QK_ALIGN,
+    Q_NORM,
+    K_NORM,
+    HIDDEN_NORM,
+    UNEMBED_NORM,
+    LOG_Z,
 )
 #: the per-site metrics the report's table shows at the last checkpoint
 FINAL_METRICS: tuple[str, ...] = (

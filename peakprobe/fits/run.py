@@ -57,7 +57,7 @@ SERIES_PER_BATCH = 64
 KEYS = ["site_kind", "layer", "head", "metric"]
 SITE_KEYS = ["site_kind", "layer", "head"]
 #: the families of gain-share tests, each under its own Benjamini-Hochberg control
-SHARE_FAMILIES = ((vocab.ATTN,), (vocab.ATTN_LAYER,), (vocab.ATTN_ALL, vocab.LM_HEAD))
+SHARE_FAMILIES = ((vocab.ATTN,), (vocab.ATTN_LAYER,), (vocab.ATTN_ALL, vocab.LM_HEAD), (vocab.ROUTER,))
 
 
 @dataclass
@@ -300,7 +300,7 @@ def _sites(site_keys: list[tuple], at_last: dict, available: set[str], late_of: 
         q[rows] = bh_qvalues(sites["p_share"].to_numpy(dtype=float)[rows])
     sites["q_share"] = q
     sites["site_class"] = [
-        classify.classify(p, q) if k in (vocab.ATTN, vocab.LM_HEAD) and math.isfinite(a) else ""
+        classify.classify(p, q) if k in vocab.CLASSIFIED_KINDS and math.isfinite(a) else ""
         for k, p, q, a in zip(sites["site_kind"], sites["peaked"], sites["q_growing"],
                               sites["alpha_late"], strict=True)
     ]

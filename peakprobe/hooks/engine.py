@@ -13,9 +13,11 @@ Paths for attention:
 * the torch path (``probes.attention``), the exact reference, backend "torch", and "auto" on
   CPU; ``fused`` also returns the attention output from the same exponentials.
 
-The LM head: on the kernel path one Triton pass over the model's own logits in their dtype
-(``probes.triton_lm_head``); on the torch path block by block (never a float copy of the whole
-logits tensor). Either keeps the batch's loss on the device until it is asked for.
+A mixture-of-experts router's logits (tokens, experts) are reduced in one block per call
+(``probes.router``). The LM head: on the kernel path one Triton pass over the model's own
+logits in their dtype (``probes.triton_lm_head``); on the torch path block by block (never a
+float copy of the whole logits tensor). Either keeps the batch's loss on the device until it
+is asked for.
 """
 
 from __future__ import annotations
@@ -33,8 +35,11 @@ from ..probes import (
     attention_forward_with_sums,
     attention_head_sums,
 )
+from ..probes.geometry import geometry_sums, geometry_values
 from ..probes.ranges import key_ranges, ranges_mask, ranges_supported
-from ..probes.rows import block_sums, finish, target_logit
+from ..probes.roles import role_sums
+from ..probes.router import router_row_stats
+from ..probes.rows import RowStats, block_sums, finish, target_logit
 from ..probes.sums import Sums
 from ..probes.workspace import Workspace
 from .routing import UnsupportedModelError
@@ -92,6 +97,20 @@ def lm_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
     return mask, target
 
 
+def _lm_head_factors(stats: RowStats, keys: Sums, hidden: torch.Tensor | None, dtype: torch.dtype) -> None:
+    """Add the LM head's growth factors to its per-position ``stats``: log Z from the softmax
+    sums, and the norm of the ``hidden`` states (B, T, D) the head read, where given."""
+    okf = stats.weight[vocab.ENTROPY]  # (B, T) 1 on kept rows
+    zero = torch.zeros((), dtype=okf.dtype, device=okf.device)
+    lse = keys.m + keys.s.clamp(min=1e-300).log()  # (B, T) log Z
+    stats.values[vocab.LOG_Z] = torch.where(okf > 0, lse.to(okf.dtype), zero)
+    stats.weight[vocab.LOG_Z] = okf
+    if hidden is not None and tuple(hidden.shape[:2]) == tuple(okf.shape):
+        norm = hidden.detach().to(dtype).norm(dim=-1).to(okf.dtype).to(okf.device)
+        stats.values[vocab.HIDDEN_NORM] = torch.where(okf > 0, norm, zero)
+        stats.weight[vocab.HIDDEN_NORM] = okf
+
+
 class SiteStats:
     """Accumulates the statistics of every softmax call handed to it (``attention``,
     ``lm_head``), on the path ``config`` asks for."""
@@ -105,6 +124,10 @@ class SiteStats:
             raise UnsupportedModelError("backend 'triton' needs the triton package (pip install triton)")
         self._broken: list[torch.Tensor] = []  # per kernel call: rows its ranges misrepresent
         self._loss: list[torch.Tensor] = []  # per LM-head call: (sum, count) on the device
+        #: set while the diagnostic batch runs (``interface.Probe.run_roles``): (R, T) role targets
+        self.role_targets: torch.Tensor | None = None
+        self.role_parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (H, R) x 2
+        self.geometry_parts: dict[int, tuple[torch.Tensor, float]] = {}  # layer -> (H, S), scaling
 
     # -- attention ---------------------------------------------------------------------------
     def _kernel(self, query, key, spec: MaskSpec, kw: dict) -> bool:
@@ -126,6 +149,10 @@ class SiteStats:
         ``config.fused``) returns the attention output (B, Tq, H, Dv) computed from the probe's
         own scores, else None."""
         query, key = query.detach(), key.detach()
+        if self.role_targets is not None:  # the diagnostic batch: role scores only
+            self._roles(layer, query, key, spec, scaling, softcap, sinks, position_bias)
+            return None
+        self._geometry(layer, query, key, spec, scaling, row_valid, doc_start)
         b, h, tq, _ = query.shape
         tk = key.shape[2]
         kw = {"scaling": scaling, "softcap": softcap, "sinks": sinks, "position_bias": position_bias}
@@ -150,6 +177,47 @@ class SiteStats:
         self.accumulator.add(SiteGroup(vocab.ATTN, layer), site)
         return out
 
+    def _roles(self, layer, query, key, spec, scaling, softcap, sinks, position_bias) -> None:
+        """Add one attention call's role sums (torch path whatever the backend: the diagnostic
+        batch is small)."""
+        sums, counts = role_sums(query, key, self.role_targets, spec=spec, scaling=scaling,
+                                 softcap=softcap, sinks=sinks, position_bias=position_bias,
+                                 chunk=block_rows(self.config.chunk, query, key), dtype=self.dtype)
+        old = self.role_parts.get(layer)
+        self.role_parts[layer] = (sums, counts) if old is None else (old[0] + sums, old[1] + counts)
+
+    def _geometry(self, layer, query, key, spec, scaling, row_valid, doc_start) -> None:
+        """Add one call's query-key geometry sums (``probes.geometry``; torch, whatever the
+        statistics path)."""
+        if doc_start is not None:
+            b, _, tq, _ = query.shape
+            spec = MaskSpec(mask=ranges_mask(key_ranges(spec, b, tq, key.shape[2], query.device, doc_start),
+                                             key.shape[2]))
+        sums = geometry_sums(query, key, spec=spec, row_valid=row_valid,
+                             chunk=block_rows(self.config.chunk, query, key), dtype=self.dtype)
+        old = self.geometry_parts.get(layer)
+        self.geometry_parts[layer] = (sums if old is None else old[0] + sums.to(old[0].device), scaling)
+
+    def geometry_rows(self) -> list[tuple]:
+        """(site_kind, layer, head, metric, value, n_rows) of every head's geometry."""
+        rows = []
+        for layer, (sums, scaling) in sorted(self.geometry_parts.items()):
+            for name, (v, n) in geometry_values(sums, scaling).items():
+                for head, (x, c) in enumerate(zip(v.cpu().tolist(), n.cpu().tolist(), strict=True)):
+                    rows.append((vocab.ATTN, layer, head, name, x, int(c)))
+        return rows
+
+    def role_rows(self) -> list[tuple]:
+        """(site_kind, layer, head, metric, value, n_rows) of every role score measured."""
+        rows = []
+        for layer, (sums, counts) in sorted(self.role_parts.items()):
+            s, c = sums.cpu().tolist(), counts.cpu().tolist()
+            for head in range(len(s)):
+                for j, name in enumerate(vocab.ROLE_METRICS):
+                    n = c[head][j]
+                    rows.append((vocab.ATTN, layer, head, name, s[head][j] / n if n else float("nan"), int(n)))
+        return rows
+
     def ranges_broken(self) -> int:
         """Rows, since the last call, whose mask the kernel's key ranges could not express (one
         device-to-host copy); the caller probes that batch again on the torch path."""
@@ -167,11 +235,13 @@ class SiteStats:
 
         return lm_head_supported(logits, self.dtype)
 
-    def lm_head(self, logits: torch.Tensor, kept: torch.Tensor, target: torch.Tensor) -> None:
+    def lm_head(self, logits: torch.Tensor, kept: torch.Tensor, target: torch.Tensor,
+                hidden: torch.Tensor | None = None) -> None:
         """Add the LM head's statistics of ``logits`` (B, T, V) over the kept positions (B, T)
         against the next-token ``target`` (B, T; -1 none): on the kernel path from one pass
         over the logits in their own dtype (``probes.triton_lm_head``), else block by block in
-        the statistics dtype; the batch's loss sum and count stay on the device (``loss``)."""
+        the statistics dtype, with the mean log Z and, given the ``hidden`` states (B, T, D) the LM
+        head read, their mean norm; the batch's loss sum and count stay on the device."""
         v = logits.shape[-1]
         target = target.to(logits.device)
         with torch.no_grad():
@@ -182,6 +252,7 @@ class SiteStats:
             else:
                 keys, zt = self._lm_head_blocks(logits, target)
             stats = finish(keys, kept.to(logits.device), target_logit=zt, n_max=v)
+            _lm_head_factors(stats, keys, hidden, self.dtype)
             self.accumulator.add_rows(SiteGroup(vocab.LM_HEAD, -1), stats, head_dim=None)
             w = stats.weight[vocab.LOSS]
             self._loss.append(torch.stack([(stats.values[vocab.LOSS] * w).sum(), w.sum()]))
@@ -221,6 +292,14 @@ class SiteStats:
         self._broken.clear()
         self._loss.clear()
         return int(n_broken), (total / n if n else float("nan"))
+
+    # -- MoE routers ----------------------------------------------------------------------------
+    def router(self, layer: int, logits: torch.Tensor, kept: torch.Tensor, top_k: int) -> None:
+        """Add router ``layer``'s statistics of ``logits`` (N tokens, E experts) over the ``kept``
+        (N,) tokens, with its top-k (reduced in the statistics dtype; E is small)."""
+        with torch.no_grad():
+            stats, load = router_row_stats(logits, kept, top_k, self.dtype)
+            self.accumulator.add_rows(SiteGroup(vocab.ROUTER, layer), stats, head_dim=None, load=load)
 
     def loss(self) -> float:
         """The mean next-token loss of the LM-head calls since the last call (NaN without one;

@@ -162,7 +162,13 @@ class SdpaProbe(TorchFunctionMode):
         if self.stats.ranges_broken():
             raise UnsupportedModelError("an attention mask the Triton kernel's key ranges cannot "
                                         "express reached it; probe with backend='torch'")
-        return self.accumulator.to_frame().reset_index(drop=True)
+        frame = self.accumulator.to_frame()
+        extra = self.stats.geometry_rows()  # the heads' query-key geometry
+        if extra:
+            frame = pd.concat([frame, pd.DataFrame(extra, columns=list(frame.columns))],
+                              ignore_index=True).sort_values(["site_kind", "layer", "head", "metric"],
+                                                             kind="stable")
+        return frame.reset_index(drop=True)
 
 
 _UNPROBED = _unprobed_functions()

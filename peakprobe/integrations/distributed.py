@@ -260,7 +260,7 @@ def vocab_parallel_lm_head(stats, logits, kept: torch.Tensor, target: torch.Tens
     inside = (target >= 0) & (t >= 0) & (t < z.shape[-1])  # (B, T): this shard holds the target
     zt = z.gather(-1, t.clamp(0, max(z.shape[-1] - 1, 0)).unsqueeze(-1)).squeeze(-1).to(f64)
     with torch.no_grad():
-        part = block_sums(z, compiled=stats.compiled, work=stats.work)  # (B, T) sums over V_r
+        part = block_sums(z, work=stats.work)  # (B, T) sums over V_r
         mine = torch.cat([stack_sums(part), torch.where(inside, zt, 0.0)[None], inside.to(f64)[None]])  # (9, B, T)
         parts = [torch.empty_like(mine) for _ in range(n)]
         dist.all_gather(parts, mine, group=mesh.get_group())

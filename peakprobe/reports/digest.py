@@ -15,6 +15,8 @@ import pandas as pd
 
 from peakprobe import vocab
 from peakprobe.reports import science
+from peakprobe.reports.growth_factors import factors_block
+from peakprobe.reports.routers import router_table, routers_block
 from peakprobe.reports.tables import RunData, sensitivity_ranking
 from peakprobe.results import json_safe
 from peakprobe.vocab import (
@@ -158,6 +160,21 @@ def _bottleneck_block(run: RunData, band: tuple[float, float]) -> dict:
     }
 
 
+def _roles_block(run: RunData, heads: pd.DataFrame) -> dict:
+    """Which attention heads hold a role at the last checkpoint, with its score and the step it
+    emerged at (``reports.roles``)."""
+    attn = heads[heads["site_kind"] == ATTN]
+    named = attn[attn["role"] != ""]
+    return {
+        "measured": bool(run.results["metric"].isin(list(vocab.ROLE_METRICS)).any()),
+        "threshold": vocab.ROLE_THRESHOLD,
+        "counts": {role: int((named["role"] == role).sum()) for role in vocab.ROLE_OF},
+        "heads": [{"label": vocab.site_label(ATTN, r.layer, r.head), "layer": int(r.layer),
+                   "head": int(r.head), "role": r.role, "score": float(r.role_score),
+                   "since_step": int(r.role_step)} for r in named.itertuples()],
+    }
+
+
 def build_digest(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
     """The summary.json object (documented field by field in docs/summary_schema.md)."""
     m = run.manifest
@@ -217,6 +234,9 @@ def build_digest(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
         "gains": science.gains_block(run, band),
         "window_scan": science.window_scan_block(run, band),
         "lm_head": lm_block,
+        "routers": routers_block(router_table(run)),
+        "roles": _roles_block(run, heads),
+        "logit_factors": factors_block(run, heads),
         "attention": {
             "n_sites": int(len(attn)),
             "n_layers": int(attn["layer"].max()) + 1 if not attn.empty else 0,

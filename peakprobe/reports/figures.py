@@ -392,3 +392,32 @@ def window_scan_figure(rows: list[dict], band: tuple[float, float], time_axis: s
         "A law that holds gives a flat run of points inside the band.",
     )
 
+def router_figure(series: pd.DataFrame, table: pd.DataFrame, time_axis: str) -> RenderedFigure | None:
+    """Each MoE router's logit std along training on log-log axes, with its fitted power law
+    (``table``: ``reports.routers.router_table``); None for a dense model."""
+    series = series[(series["t"].astype(float) > 0) & np.isfinite(series["value"].astype(float))
+                    & (series["value"].astype(float) > 0)]
+    if series.empty:
+        return None
+    fig = _new_figure(6.4, 3.6)
+    ax = fig.add_subplot()
+    layers = sorted(int(x) for x in series["layer"].unique())
+    cmap = matplotlib.colormaps["viridis"]
+    fitted = table.set_index("layer") if not table.empty else table
+    for i, layer in enumerate(layers):
+        s = series[series["layer"] == layer]
+        colour = cmap(i / max(1, len(layers) - 1))
+        alpha = fitted["alpha"].get(layer, np.nan) if len(fitted) else np.nan
+        name = site_label(vocab.ROUTER, layer) + (f" (α {alpha:.2f})" if np.isfinite(alpha) else "")
+        ax.plot(s["t"], s["value"], color=colour, marker="o", markersize=2.5,
+                label=name if len(layers) <= 9 else None)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _labels(ax, time_axis, "router logit std")
+    return render(
+        fig,
+        "router_curves",
+        "MoE routers: logit growth",
+        "The logit std over experts, averaged over tokens, of each router (colour from the first "
+        "layer, dark, to the last, yellow) at every checkpoint, with its fitted growth exponent α.",
+    )

@@ -82,10 +82,13 @@ HEAD_COLUMNS = (
     (vocab.FIRST_KEY_PROB, "final_first_key_prob", True),
     ("max logit", f"final_{vocab.LOGIT_MAX}", True),
     ("sensitivity", "sensitivity", True),
+    ("role", "role", False),
+    ("role since step", "role_step", True),
 )
 OPTIONAL_COLUMNS = ("sensitivity", f"final_{PEAKED_ENTROPY}", "final_beta_eff", "share", "gain_alpha",
                     f"final_{vocab.LOGIT_MAX}")
-TEXT_COLUMNS = ("site_class", "verdict")
+TEXT_COLUMNS = ("site_class", "verdict", "role")
+ROLE_COLUMNS = ("role", "role_step")  # shown when any head's role was measured
 
 
 def _cell(text: str, v: float | None = None, text_col: bool = False) -> dict:
@@ -98,17 +101,21 @@ def _heads_view(heads: pd.DataFrame) -> tuple[list[tuple[str, bool]], list[list[
         for c in HEAD_COLUMNS
         if (c[1] not in OPTIONAL_COLUMNS or bool(np.isfinite(heads[c[1]]).any()))
         and (c[1] != "verdict" or bool((heads["verdict"] != "").any()))
+        and (c[1] not in ROLE_COLUMNS or bool((heads["role"] != "").any()))
     ]
     rows = []
     for r in heads.to_dict("records"):
         lm = r["site_kind"] == LM_HEAD
+        router = r["site_kind"] == vocab.ROUTER
         cells = []
         for _, col, _ in cols:
             v = r[col]
             if col == "layer":
-                cells.append(_cell("LM" if lm else str(int(v))))
+                cells.append(_cell("LM" if lm else f"router {int(v)}" if router else str(int(v))))
             elif col == "head":
-                cells.append(_cell("—" if lm else str(int(v))))
+                cells.append(_cell("—" if lm or router else str(int(v))))
+            elif col == "role_step":
+                cells.append(_cell(str(int(v)) if v >= 0 else "—", float(v) if v >= 0 else None))
             elif col in TEXT_COLUMNS:
                 cells.append(_cell(str(v) or "—", text_col=True))
             elif col == "share":

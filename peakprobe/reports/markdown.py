@@ -99,6 +99,58 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def factor_lines(f: dict) -> list[str]:
+    """The section on why the logits grow (nothing when the run has no geometry fits)."""
+    if not f.get("measured"):
+        return []
+    lines = ["## Why the logits grow", "",
+             "The RMS logit over visible pairs is exactly scaling × q_rms × k_rms × qk_align, so "
+             "the growth exponents of the query norm, key norm and alignment add up to the RMS "
+             "logit's (least squares on log-log axes over the RMS logit's fit window, so they add up "
+             "exactly). For "
+             + ("all heads (no head is peaked)" if f["heads_of"] == "all heads" else "the peaked heads")
+             + ", the factor that carries the growth is the one with the largest exponent.", ""]
+    return lines + _table(
+        ["head", "logit_rms α", "q_rms α", "k_rms α", "qk_align α", "sum", "carried by"],
+        [[r["label"], num(r["alpha_logit_rms"]), num(r["alpha_q_rms"]), num(r["alpha_k_rms"]),
+          num(r["alpha_qk_align"]), num(r["alpha_sum"]), r["carrier"] or "—"] for r in f["rows"]])
+
+
+def role_lines(roles: dict) -> list[str]:
+    """The head roles' section (nothing when the run has no role scores)."""
+    if not roles.get("measured"):
+        return []
+    lines = ["## Head roles", "",
+             f"On the diagnostic batch of repeated random tokens: a head's role is the one whose "
+             f"score (induction, previous-token, duplicate-token; sink: first_key_prob) is "
+             f"largest at the last checkpoint, when at least {roles['threshold']:g}; it emerged at "
+             "the first checkpoint from which that score stays at or above the threshold.", ""]
+    if not roles["heads"]:
+        return lines + ["No head holds a role.", ""]
+    return lines + _table(["head", "role", "score", "since step"],
+                          [[h["label"], h["role"], num(h["score"]), str(h["since_step"])]
+                           for h in roles["heads"]])
+
+
+def router_lines(routers: list[dict]) -> list[str]:
+    """The MoE routers' section (nothing for a dense model)."""
+    if not routers:
+        return []
+    lines = ["## MoE routers", "",
+             "Per router: logit_std growth α [CI] and verdict, class, share of L − L0 [CI] when "
+             "measured, and at the last checkpoint the token-mean entropy, max prob and top-k "
+             "mass over experts, the entropy of the expert load (nats), the dead-expert fraction "
+             "and the largest load over the mean.", ""]
+    lines += _table(
+        ["router", "growth α [CI]", "verdict", "class", "share [CI]", "entropy", "max prob",
+         "top-k mass", "load entropy", "dead", "max/mean load"],
+        [[r["label"], _interval(r, "alpha"), r["verdict"] or "—", r["site_class"] or "—",
+          _share(r), num(r["final_entropy"]), num(r["final_max_prob"]), num(r["final_topk_mass"]),
+          num(r["final_load_entropy"]), num(r["final_dead_experts"]),
+          num(r["final_load_max_over_mean"])] for r in routers])
+    return lines
+
+
 def _headline(s: dict, band: str) -> list[str]:
     """The title and the verdicts: loss law, bottleneck with its exponents, heads, flags."""
     lines = [f"# peakprobe report: {_code(s['model'])}", ""]
@@ -254,4 +306,6 @@ def digest_markdown(s: dict) -> str:
     """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
     band = f"[{num(s['band'][0])}, {num(s['band'][1])}]"
     return "\n".join(_headline(s, band) + _fits_sections(s, band) + _peakedness_and_integrity(s)
-                     + _sites_sections(s) + _provenance(s))
+                     + _sites_sections(s) + router_lines(s.get("routers") or [])
+                     + role_lines(s.get("roles") or {}) + factor_lines(s.get("logit_factors") or {})
+                     + _provenance(s))

@@ -24,6 +24,7 @@ from peakprobe.reports import science
 from peakprobe.reports.digest import build_digest
 from peakprobe.reports.html import render_html
 from peakprobe.reports.markdown import digest_markdown
+from peakprobe.reports.routers import router_series, router_table
 from peakprobe.reports.tables import (
     HEADS_SCHEMA,
     curve_sites,
@@ -47,6 +48,7 @@ FIGURE_NAMES = (
     "window_scan",
     "sensitivity",
     "logit_max_curves",
+    "router_curves",
 )
 CURVE_HEADS = 6  # attention heads drawn in the growth panels (plus the LM head)
 
@@ -131,6 +133,7 @@ def render_report(
             F.window_scan_figure(summary["window_scan"]["rows"], tuple(summary["band"]), run.time_axis),
             F.sensitivity_figure(sensitivity_ranking(heads)),
             F.logit_max_figure(logit_max_series(run), run.time_axis),
+            F.router_figure(router_series(run), router_table(run), run.time_axis),
         ]
         rendered = {fig.name: fig for fig in drawn if fig is not None}
         steps.update()
