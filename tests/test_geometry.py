@@ -13,7 +13,8 @@ import torch
 from conftest import left_padded_batch, tiny_model
 
 from peakprobe import vocab
-from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import attach
 from peakprobe.probes.attention import MaskSpec
 from peakprobe.probes.geometry import geometry_sums, geometry_values
 

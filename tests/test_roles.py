@@ -14,7 +14,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from peakprobe import vocab
-from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import attach
 from peakprobe.probes.roles import diagnostic_batch, role_targets
 from peakprobe.reports.roles import head_roles
 

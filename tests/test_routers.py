@@ -24,7 +24,8 @@ from transformers import (
 )
 
 from peakprobe import vocab
-from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import attach
 from peakprobe.hooks.moe import find_routers
 
 REL = 1e-9
