@@ -26,13 +26,15 @@ import sys
 
 import pytest
 import torch
+from extras import missing
 
 DEVICE = os.environ.get("PEAKPROBE_TRITON_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda"
 if not ON_GPU and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton
 
-pytest.importorskip("triton", reason="triton is not installed (pip install triton)", exc_type=ImportError)
+pytest.importorskip("triton", reason=missing("triton", "triton is not installed (pip install triton)"),
+                    exc_type=ImportError)
 
 from conftest import ARCHS, left_padded_batch  # noqa: E402
 from test_hooks_exact import tiny_model  # noqa: E402
