@@ -198,6 +198,16 @@ class SiteStats:
         old = self.geometry_parts.get(layer)
         self.geometry_parts[layer] = (sums if old is None else old[0] + sums.to(old[0].device), scaling)
 
+    def snapshot(self) -> tuple:
+        """What the statistics hold now (the geometry sums' tensors are replaced, never changed
+        in place, so a shallow copy of their table is enough), for ``restore``."""
+        return self.accumulator.copy(), dict(self.geometry_parts)
+
+    def restore(self, snapshot: tuple) -> None:
+        """Forget everything added since ``snapshot`` was taken."""
+        accumulator, parts = snapshot
+        self.accumulator, self.geometry_parts = accumulator, dict(parts)
+
     def geometry_rows(self) -> list[tuple]:
         """(site_kind, layer, head, metric, value, n_rows) of every head's geometry."""
         rows = []

@@ -158,12 +158,12 @@ class Probe:
             inputs["position_ids"] = position_ids.to(device)
         # only the kernel path can misread a mask: keep what to return to for it alone
         kernel = resolve_backend(self.config.backend, inputs["input_ids"]) == "triton"
-        before = self.stats.accumulator.copy() if kernel else None
+        before = self.stats.snapshot() if kernel else None
         with torch.no_grad():
             self.model(**inputs)
         broken, loss = self.stats.end_batch()  # the batch's one device-to-host copy
         if kernel and broken:  # a mask the kernel's ranges misread: the torch path
-            self.stats.accumulator = before
+            self.stats.restore(before)
             self.stats.config = replace(self.config, backend="torch")
             try:
                 with torch.no_grad():
