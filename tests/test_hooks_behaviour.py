@@ -153,9 +153,10 @@ def test_a_mask_the_kernel_ranges_cannot_express_is_probed_again_on_the_torch_pa
     fake.kernel_site_sums = kernel_site_sums
     fake.kernel_supported = lambda *a, **k: True
 
-    def stand_in():  # the kernel module and triton's presence, both stood in for
+    def stand_in():  # the kernel module and triton's presence stood in for; the LM head on torch
         monkeypatch.setitem(sys.modules, "peakprobe.probes.triton_kernel", fake)
         monkeypatch.setattr(engine, "triton_available", lambda: True)
+        monkeypatch.setattr(SiteStats, "_lm_kernel", lambda self, logits: False)
 
     stand_in()
     model = tiny_model("llama_gqa")
