@@ -148,7 +148,8 @@ def test_every_image_renders(page):
     sizes = driver.execute_script(
         "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight]);"
     )
-    assert len(sizes) == len(FIGURE_NAMES)  # every section drawn for a run with gains
+    # every section drawn for a dense run with gains: all figures but the MoE routers'
+    assert len(sizes) == len([n for n in FIGURE_NAMES if n != "router_curves"])
     assert all(done and w > 0 and h > 0 for done, w, h in sizes), sizes
     boxes = driver.execute_script(
         "return Array.from(document.querySelectorAll('svg')).map(s => [s.getBBox().width, s.getBBox().height]);"
