@@ -215,11 +215,11 @@ class _Guard:
             self._placeholder(group, names, query.shape[1])
         return None
 
-    def lm_head(self, logits, kept, target):
+    def lm_head(self, logits, kept, target, hidden=None):
         # a vocab-parallel head gathers across the ranks: it takes part even after an error
         if self.error is None or _vocab_sharded(logits):
             try:
-                return self._lm_head_call(logits, kept, target)
+                return self._lm_head_call(logits, kept, target, hidden)
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
         group = SiteGroup(vocab.LM_HEAD, -1)
@@ -227,14 +227,16 @@ class _Guard:
             self._placeholder(group, vocab.LM_PROBE_METRICS, 1)
         return None
 
-    def _lm_head_call(self, logits, kept, target):
+    def _lm_head_call(self, logits, kept, target, hidden=None):
         from torch.distributed.tensor import DTensor
 
         if _vocab_sharded(logits):
             return vocab_parallel_lm_head(self.stats, logits, kept, target)
         if isinstance(logits, DTensor):
             logits = logits.full_tensor()  # replicated (or sharded elsewhere): the whole logits
-        return self._lm_head(logits, kept, target)
+        if isinstance(hidden, DTensor):
+            hidden = hidden.full_tensor()
+        return self._lm_head(logits, kept, target, hidden)
 
 
 def _vocab_sharded(logits) -> bool:
