@@ -122,8 +122,14 @@ def _spawn(jobs: list[dict], out: Path) -> dict[str, list[dict]]:
             for j in jobs}
 
 
+#: per-head metrics computed outside the accumulators (the query-key geometry, head roles, the
+#: LM head's growth factors): the merge across ranks does not carry them all yet (docs/monitor.md)
+NOT_MERGED = set(vocab.GEOMETRY_METRICS) | set(vocab.ROLE_METRICS) | set(vocab.LM_FACTOR_METRICS)
+
+
 def _frame(where: Path, step: int = 0) -> pd.DataFrame:
-    return pd.read_parquet(where / "run" / "checkpoints" / f"step{step}.parquet").set_index(KEYS).sort_index()
+    df = pd.read_parquet(where / "run" / "checkpoints" / f"step{step}.parquet")
+    return df[~df["metric"].isin(NOT_MERGED)].set_index(KEYS).sort_index()
 
 
 def _rel(a: pd.Series, b: pd.Series) -> pd.Series:
