@@ -9,9 +9,18 @@ the head dimension) x softcapping. The unit strides of contiguous head dims and 
 alignments a launch specialises on are given as the launcher would. The PTX then goes through
 the ptxas triton itself runs for sm_90 (shipped in the wheel; ``-v`` with triton's own flags:
 registers, spill stores and loads) and the cubin through its cuobjdump (tensor-core MMA instructions,
-HGMMA / HMMA, in the SASS). One line per configuration:
+HGMMA / HMMA, in the SASS). From the SASS and the launch:
 
-    config=<name> regs=<n> spill_bytes=<n> mma=<yes|no>
+* ``instr_per_score``: the SASS instructions of the unmasked key loop's body (the smallest loop,
+  from a backward branch to its target, that holds an MMA) over the scores one thread handles
+  per iteration (BLOCK_M x BLOCK_N / (32 num_warps));
+* ``ctas_per_sm``: programs resident per sm_90 SM, the least of the register file (65,536 per
+  SM, allocated per warp in units of 256), shared memory (228 KiB per SM, 1 KiB reserved per
+  block), 64 warps and 32 blocks.
+
+One line per configuration:
+
+    config=<name> regs=<n> spill_bytes=<n> mma=<yes|no> instr_per_score=<x> ctas_per_sm=<n>
 
     python benchmarks/kernel_aot.py                 # every configuration (minutes of CPU)
     python benchmarks/kernel_aot.py --only bf16     # names containing "bf16"
@@ -132,12 +141,40 @@ def compile_config(cfg: Config) -> dict:
     regs, spills = _ptxas_usage(kernel.asm["ptx"])
     sass = _sass(kernel.asm["cubin"])
     mma = bool(re.search(r"\b(HGMMA|HMMA|WGMMA)\b", sass))
+    loop = fast_loop_instructions(sass)
+    scores = consts["BLOCK_M"] * consts["BLOCK_N"] / (32 * options["num_warps"])
     return {
         "config": cfg.name, "regs": regs, "spill_bytes": spills, "mma": mma,
+        "loop_instructions": loop, "instr_per_score": loop / scores if loop else None,
+        "ctas_per_sm": ctas_per_sm(regs, options["num_warps"], kernel.metadata.shared),
         "block_m": consts["BLOCK_M"], "block_n": consts["BLOCK_N"], "block_d": consts["BLOCK_D"],
         "num_warps": options["num_warps"], "num_stages": options["num_stages"],
         "shared_bytes": kernel.metadata.shared,
     }  # fmt: skip
+
+
+def fast_loop_instructions(sass: str) -> int | None:
+    """SASS instructions in the unmasked key loop: the smallest loop (a backward branch and
+    its target) that holds a tensor-core MMA; None when no loop holds one."""
+    addr = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+    code = [(int(m.group(1), 16), m.group(2)) for m in addr.finditer(sass)]
+    best = None
+    for pc, text in code:
+        jump = re.search(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        if not jump or int(jump.group(1), 16) >= pc:
+            continue
+        body = [t for a, t in code if int(jump.group(1), 16) <= a <= pc]
+        if any(re.search(r"\b(HGMMA|HMMA)\b", t) for t in body) and (best is None or len(body) < best):
+            best = len(body)
+    return best
+
+
+def ctas_per_sm(regs: int, num_warps: int, shared: int) -> int:
+    """Blocks resident on one sm_90 SM (registers, shared memory, warps, blocks)."""
+    per_warp = -(-regs * 32 // 256) * 256
+    by_regs = (65536 // per_warp) // num_warps
+    by_shared = (233472 // (shared + 1024)) if shared else 32
+    return max(0, min(by_regs, by_shared, 64 // num_warps, 32))
 
 
 def _ptxas_usage(ptx: str) -> tuple[int, int]:
@@ -167,8 +204,9 @@ def _sass(cubin: bytes) -> str:
 
 
 def line(r: dict) -> str:
+    ips = f"{r['instr_per_score']:.1f}" if r["instr_per_score"] is not None else "none"
     return (f"config={r['config']} regs={r['regs']} spill_bytes={r['spill_bytes']} "
-            f"mma={'yes' if r['mma'] else 'no'}")  # fmt: skip
+            f"mma={'yes' if r['mma'] else 'no'} instr_per_score={ips} ctas_per_sm={r['ctas_per_sm']}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ Both are printed next to the size a full T x T x H float32 score matrix would ta
 quadratic baseline.
 
     python benchmarks/memory.py            # T = 512, 1024, 2048, 4096
-    python benchmarks/memory.py --backend compile
+    python benchmarks/memory.py --backend torch
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
-from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import attach
 
 
 class LiveTensorBytes(TorchDispatchMode):
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--json", action="store_true", help="print JSON only")
-    parser.add_argument("--backend", default="auto", help="the probes' backend (e.g. compile)")
+    parser.add_argument("--backend", default="auto", help="the probes' backend: auto, torch or triton")
     args = parser.parse_args(argv)
     res = measure(args.lengths, backend=args.backend)
     if args.json:

@@ -2,7 +2,7 @@
 the same training without it.
 
     python benchmarks/monitor.py [--steps N] [--windows W] [--threads T] [--rounds R]
-                                 [--no-sensitivity]
+                                 [--no-attribution]
                                  [--attribution-points K | --attribution-every-probe]
 
 The model, data, schedule and probe settings are the demo's (``peakprobe demo``): 800 updates of
@@ -45,14 +45,14 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=DEMO_WINDOWS)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="rounds, the order swapped each round")
-    parser.add_argument("--no-sensitivity", action="store_true")
+    parser.add_argument("--no-attribution", action="store_true")
     parser.add_argument("--attribution-points", type=int, default=vocab.MONITOR_ATTRIBUTION_POINTS)
     parser.add_argument("--attribution-every-probe", action="store_true")
     args = parser.parse_args()
     cfg = dataclasses.replace(TinyLMConfig(), steps=args.steps)
     tokenizer = corpus.build_tokenizer(model_max_length=max(2048, cfg.seq_len))
     data = load_eval_data("embedded", tokenizer, n_windows=args.windows, window=cfg.seq_len)
-    sweep_cfg = dataclasses.replace(live_config(attribution=not args.no_sensitivity), batch_size=8)
+    sweep_cfg = dataclasses.replace(live_config(attribution=not args.no_attribution), batch_size=8)
     print(f"tiny LM: {cfg.steps} updates, {cfg.n_layers} layers x {cfg.n_heads} heads, batch "
           f"{cfg.batch_size} x {cfg.seq_len} tokens, {args.threads} thread(s)")
     rounds = []  # (plain (wall, cpu), live (wall, cpu), probe seconds)

@@ -1,11 +1,11 @@
 """Benchmark of ``render_report``: time and size of a Pythia-12B-shaped report (36 layers x 40 heads).
 
-Writes raw synthetic runs (tests/synthetic.py: planted growth, gains, loss law, a duplicated
-checkpoint) into a temporary folder, fits them with the real ``fit_run`` (``--n-boot`` draws, not
+Writes raw planted runs (``planted_run.py`` beside this script: planted growth, gains, loss law,
+a duplicated checkpoint) into a temporary folder, fits them with the real ``fit_run`` (``--n-boot`` draws, not
 timed), renders each, and prints wall time, report.html size and ratios against baselines
 measured in the same run: the same report for a 6 x 8 model (time per site) and just loading the
 run and writing heads.csv for the large model. Exits 1 when the large report breaks the
-acceptance budget (20 s, 10 MB).
+target (20 s, 10 MB).
 
     python benchmarks/report.py [--layers 36 --heads 40 --checkpoints 30 --repeat 1 --n-boot 100]
 """
@@ -18,12 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.synthetic
+from planted_run import write_run
 
-from peakprobe.fits import fit_run  # noqa: E402
-from peakprobe.reports import heads_table, load_run, render_report  # noqa: E402
-from peakprobe.reports.render import heads_csv_bytes  # noqa: E402
-from tests.synthetic import make_run  # noqa: E402
+from peakprobe.fits import fit_run
+from peakprobe.reports import heads_table, load_run, render_report
+from peakprobe.reports.render import heads_csv_bytes
 
 BUDGET_S = 20.0
 BUDGET_BYTES = 10 * 1024 * 1024
@@ -56,12 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         small, large = Path(tmp) / "small", Path(tmp) / "large"
         t0 = time.perf_counter()
         for run_dir, (n_layers, n_heads) in ((small, (6, 8)), (large, (args.layers, args.heads))):
-            make_run(
-                run_dir, n_layers=n_layers, n_heads=n_heads, n_checkpoints=args.checkpoints,
-                seed=0, duplicates={"step4": "step64"},
-            )
+            write_run(run_dir, n_layers, n_heads, n_checkpoints=args.checkpoints, seed=0,
+                      duplicates={"step4": "step64"})
             fit_run(run_dir, n_boot=args.n_boot)
-        print(f"setup (make_run + fit_run, n_boot {args.n_boot}, not timed): {time.perf_counter() - t0:.1f} s")
+        print(f"setup (write_run + fit_run, n_boot {args.n_boot}, not timed): {time.perf_counter() - t0:.1f} s")
         render_report(small)  # warm-up: imports, font cache, matplotlib backends
 
         t_small, c_small = best_of(args.repeat, lambda: render_report(small))
@@ -97,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ok = t_large < BUDGET_S and html_bytes < BUDGET_BYTES
     print(
-        f"budget (< {BUDGET_S:.0f} s wall, report.html < {BUDGET_BYTES // 2**20} MiB): "
+        f"target (< {BUDGET_S:.0f} s wall, report.html < {BUDGET_BYTES // 2**20} MiB): "
         f"{'PASS' if ok else 'FAIL'}" + ("" if ok or c_large >= BUDGET_S else
                                          f" (cpu {c_large:.1f} s is within it: a loaded machine)")
     )

@@ -4,12 +4,11 @@ Shape of the CPU anchor: a 6-layer, 256-wide, 8-head GPT-NeoX (vocab 1024), floa
 8 x 512 tokens, 2 threads. Every variant runs once per round, the rounds alternate the variants
 (so a slow spell of a shared machine hits all of them), and each variant's time is the median
 over the rounds. Variants: the plain sdpa forward (the baseline), the probed forward
-(statistics of every head and the LM head) at each chunk size given, the fused probed forward
-(attention output from the probe's own scores), and the probed forward with backend "compile"
-(each block's reductions fused by torch.compile; compiled during the untimed warm-up).
+(statistics of every head and the LM head) at each chunk size given, and the fused probed
+forward (attention output from the probe's own scores).
 
     python benchmarks/throughput.py [--repeats 5] [--chunks 32 64 128] [--fused-chunk 64]
-                                    [--compile-chunk 32] [--threads 2] [--cpu-time]
+                                    [--threads 2] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -21,7 +20,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
-from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import attach
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--fused-chunk", type=int, nargs="*", default=[64],
                         help="chunk sizes of the fused variant (none: skip it)")
-    parser.add_argument("--compile-chunk", type=int, nargs="*", default=[32],
-                        help="chunk sizes of the backend 'compile' variant (none: skip it)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
@@ -62,11 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                  for c in args.chunks]
     variants += [(f"probed fused, chunk {c}", probed(ProbeConfig(chunk=c, backend="torch", fused=True)))
                  for c in args.fused_chunk]
-    variants += [(f"probed compile, chunk {c}", probed(ProbeConfig(chunk=c, backend="compile")))
-                 for c in args.compile_chunk]
     times: dict[str, list[float]] = {name: [] for name, _ in variants}
     for _, fn in variants:
-        fn()  # warm-up (and backend 'compile''s compilation, untimed)
+        fn()  # warm-up, untimed
     clock = time.process_time if args.cpu_time else time.perf_counter
     for _ in range(args.repeats):
         for name, fn in variants:

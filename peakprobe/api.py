@@ -63,7 +63,7 @@ class FitCurveResult:
 
 @dataclass
 class ToyResult:
-    """What a toy run wrote: its folder, the ``summary.json`` document, and the text the command
+    """What a toy run wrote: its folder, the ``toy.json`` document, and the text the command
     line prints (every fitted exponent with its interval and verdict)."""
 
     out_dir: Path
@@ -97,9 +97,19 @@ def index(source: str, *, selection: Selection | None = None, schedule: str | No
     subset; offline, the revisions held in the HF cache. ``schedule`` is a schedule file (JSON,
     CSV or trainer_state.json) that gives tau.
 
-    >>> seq = index("pythia-160m", selection=Selection(n=16))   # doctest: +SKIP
-    >>> [c.step for c in seq][:3]                               # doctest: +SKIP
-    [0, 1, 4]
+    A local run needs only each checkpoint's ``config.json`` to be listed:
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> for step in (0, 100, 1000, 10000):
+    ...     (folder / f"step{step}").mkdir()
+    ...     _ = (folder / f"step{step}" / "config.json").write_text("{}")
+    >>> [c.step for c in index(str(folder))]
+    [0, 100, 1000, 10000]
+    >>> from peakprobe.checkpoints_index import Selection
+    >>> [c.step for c in index(str(folder), selection=Selection(steps=[0, 1000]))]
+    [0, 1000]
     """
     from .checkpoints_index import Selection, available
 
@@ -108,6 +118,28 @@ def index(source: str, *, selection: Selection | None = None, schedule: str | No
     selection = selection or Selection()
     return found.seq if selection.empty else _select(full, found, selection)
 
+
+
+def probe(model_dir: str | os.PathLike, data: DataConfig | None = None, *,
+          allow_pickle: bool = False, attribution: bool = False) -> pd.DataFrame:
+    """Tidy per-site statistics (one row per site and metric) of the one checkpoint saved in
+    ``model_dir``, over the windows ``data`` describes (default: 8 windows of the embedded
+    corpus); ``attribution`` also runs the loss attribution. ``peakprobe probe`` prints it with
+    ``probe_one.format_probe_table``.
+
+    >>> import tempfile
+    >>> from peakprobe.toy.tiny_lm import TinyLMConfig, train_tiny_lm
+    >>> run = train_tiny_lm(tempfile.mkdtemp(), TinyLMConfig.quick(), progress=False)
+    >>> frame = probe(run / "step60", DataConfig(n_windows=2, window=32))
+    >>> sorted(frame["site_kind"].unique())
+    ['attn', 'lm_head']
+    >>> peaked = frame[frame["metric"] == "peaked_entropy"]
+    >>> len(peaked), bool(peaked["value"].between(0, 1).all())
+    (9, True)
+    """
+    from .probe_one import probe_folder
+
+    return probe_folder(model_dir, data, allow_pickle=allow_pickle, attribution=attribution)
 
 def sweep(
     source: str,
@@ -137,15 +169,11 @@ def sweep(
     from .checkpoint import load_config, load_tokenizer
     from .checkpoints_index import CheckpointIndexWarning, Selection, available
     from .data import DataError, load_eval_data, window_for
-    from .sweep import SweepError, parse_shard
+    from .sweep import check_shard
     from .sweep import sweep as run_sweep
 
     data = data or DataConfig()
-    if isinstance(shard, str):
-        shard = parse_shard(shard)
-    if shard is not None and force:  # checked before anything is read or said
-        raise SweepError("--force with --shard would discard the other shards' results; "
-                         "remove the run directory first instead")
+    shard = check_shard(shard, force)  # before anything is read or said
     full = _resolve(source, schedule)
     if any(c.path is None for c in full) and data.data == "embedded":
         raise DataError(
@@ -174,11 +202,7 @@ def sweep(
 def fit(run_dir: str | os.PathLike, config: FitConfig | None = None, *, progress: bool = False) -> RunFits:
     """Fit growth and loss laws of a swept run; writes ``fits.parquet`` and ``fits.json``. A fit
     without enough points in its window is skipped and listed (``RunFits.skipped``); the others
-    still run.
-
-    >>> fits = fit("runs/mine", FitConfig(band=(0.3, 0.36)))   # doctest: +SKIP
-    >>> fits.verdict["loss"]["verdict"]                        # doctest: +SKIP
-    'inconclusive'
+    still run. (``run``'s example sweeps a run to fit.)
     """
     from .fits import fit_run
 
@@ -192,16 +216,49 @@ def report(run_dir: str | os.PathLike, *, command: str | None = None) -> ReportP
     return render_report(run_dir, command=command)
 
 
-def run(source: str, out: str | os.PathLike, *, fit: FitConfig | None = None, **sweep_kwargs) -> RunResult:
-    """Sweep, fit and report in one call (``sweep``'s keyword arguments; ``fit`` the fit's
+def run(
+    source: str,
+    out: str | os.PathLike,
+    *,
+    data: DataConfig | None = None,
+    selection: Selection | None = None,
+    schedule: str | None = None,
+    config: SweepConfig | None = None,
+    fit: FitConfig | None = None,
+    processes: int = 1,
+    shard: tuple[int, int] | str | None = None,
+    prune_cache: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    command: str | None = None,
+) -> RunResult:
+    """Sweep, fit and report in one call (the arguments of ``sweep``; ``fit`` the fit's
     settings); returns what each stage produced. The report is written also when some fit was
-    skipped for lack of points."""
-    outcome = sweep(source, out, **sweep_kwargs)
-    fits = _fit(out, fit, progress=sweep_kwargs.get("progress", True))
-    return RunResult(Path(out), outcome, fits, report(out, command=sweep_kwargs.get("command")))
+    skipped for lack of points.
 
+    The eight checkpoints of a tiny LM, probed on two windows without the attribution:
 
-_fit = fit
+    >>> import tempfile
+    >>> from peakprobe.config import AttributionConfig
+    >>> from peakprobe.toy.tiny_lm import TinyLMConfig, train_tiny_lm
+    >>> folder = train_tiny_lm(tempfile.mkdtemp(), TinyLMConfig.quick(), progress=False)
+    >>> result = run(str(folder), Path(folder) / "run", data=DataConfig(n_windows=2, window=32),
+    ...              config=SweepConfig(attribution=AttributionConfig(enabled=False)),
+    ...              fit=FitConfig(t_min_step=1, n_boot=100), progress=False)
+    >>> len(result.sweep.done), len(result.sweep.failed)
+    (8, 0)
+    >>> result.fits.verdict["loss"]["verdict"] in ("consistent", "inconsistent", "inconclusive")
+    True
+    >>> result.report.html.name
+    'report.html'
+    """
+    from .fits import fit_run
+
+    outcome = sweep(source, out, data=data, selection=selection, schedule=schedule, config=config,
+                    processes=processes, shard=shard, prune_cache=prune_cache, force=force,
+                    progress=progress, command=command)
+    fits = fit_run(out, fit or FitConfig(), progress=progress)
+    return RunResult(Path(out), outcome, fits, report(out, command=command))
 
 #: evaluation windows of the full demo's live probes
 DEMO_WINDOWS = 8
@@ -275,7 +332,7 @@ def toy_peaked(out: str | os.PathLike, *, optimizer: str = "both", steps: int | 
     """The peaked-softmax teacher-student toy: train, fit, plot into ``out``."""
     from .toy import peaked_softmax
 
-    doc = peaked_softmax.cli_peaked(Path(out), optimizer=optimizer, steps=steps, seed=seed,
+    doc = peaked_softmax.reproduce_peaked(Path(out), optimizer=optimizer, steps=steps, seed=seed,
                                     progress=progress)
     return ToyResult(Path(out), doc, peaked_softmax.format_peaked(doc))
 
@@ -286,7 +343,7 @@ def toy_linear(out: str | os.PathLike, *, quick: bool = False, seed: int = 0,
     and against the model's reduced dynamics, into ``out``."""
     from .toy import linear_attention
 
-    doc = linear_attention.cli_linear(Path(out), quick=quick, seed=seed, progress=progress, laws=laws)
+    doc = linear_attention.reproduce_linear(Path(out), quick=quick, seed=seed, progress=progress, laws=laws)
     return ToyResult(Path(out), doc, linear_attention.format_linear(doc))
 
 
@@ -308,16 +365,27 @@ def _fit_external(path, fit: FitConfig, curve: CurveConfig, *, model=None, n_par
 def fit_curve(path: str | os.PathLike, *, out: str | os.PathLike | None = None, model: str | None = None,
               n_params: float | None = None, fit: FitConfig | None = None,
               curve: CurveConfig | None = None, command: str | None = None) -> FitCurveResult:
-    """The loss-law fit, 1/3 verdict and window scan of an external curve, and its report.
+    r"""The loss-law fit, 1/3 verdict and window scan of an external curve, and its report.
 
     ``path``: a CSV / JSON / JSONL table or a folder of lm-eval result JSONs; ``fit``: the window
     (``t_min_step`` default 512), band and bootstrap; ``curve``: how to read it. ``out``
     (default ``<stem>-curve``) receives the comparison report of every model in the file plus
     ``fits.csv``.
 
-    >>> res = fit_curve("pythia_lambada.csv", curve=CurveConfig(scan=False))   # doctest: +SKIP
-    >>> [(f.model, f.verdict) for f in res.result.fits][:1]                    # doctest: +SKIP
-    [('pythia-160m', 'inconsistent')]
+    A loss curve L = 2 + 3 t^(-1/3) over 40 steps, fitted with the default window from step 512:
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> steps = [round(10 ** (2 + 3 * i / 39)) for i in range(40)]
+    >>> rows = [f"{s},{2 + 3 * s ** (-1 / 3):.6f}" for s in steps]
+    >>> _ = (folder / "curve.csv").write_text("step,loss\n" + "\n".join(rows) + "\n")
+    >>> res = fit_curve(folder / "curve.csv", out=folder / "report", model="toy",
+    ...                 n_params=1e6, curve=CurveConfig(scan=False))
+    >>> [(f.model, round(f.fit.alpha, 3)) for f in res.result.fits]
+    [('toy', 0.333)]
+    >>> res.table["model"].tolist(), res.report.html.name
+    (['toy'], 'compare.html')
     """
     from .fits.curve import fits_table
     from .reports.compare import compare_report, members_from_curves

@@ -21,13 +21,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .attribution import attribute
+from .attribution.routers import router_gains
 from .checkpoints_index import Checkpoint, CheckpointSequence
 from .checkpoints_index.cache import hub_cache_dir
 from .config import SweepConfig
 from .data import DataError, EvalData
 from .hf import quiet_transformers_progress
 from .hooks import attach
-from .hooks.sdpa import probe_sdpa
+from .hooks.sdpa import attach_sdpa
 from .vocab import PeakprobeError, PeakprobeWarning
 
 DTYPES = {
@@ -65,8 +66,16 @@ def load_model(source: str, revision: str | None, config: SweepConfig, device: s
         kwargs.update(cache_dir=str(hub_cache_dir()), local_files_only=config.local_files_only)
     if config.device_map is not None:
         kwargs["device_map"] = config.device_map
-    with quiet_transformers_progress():
-        model = AutoModelForCausalLM.from_pretrained(source, revision=revision, **kwargs)
+    try:
+        with quiet_transformers_progress():
+            model = AutoModelForCausalLM.from_pretrained(source, revision=revision, **kwargs)
+    except OSError as exc:  # transformers' words for a hub revision with pickle weights only
+        if kwargs.get("use_safetensors") and "cannot be loaded with `safetensors`" in str(exc):
+            raise CheckpointError(
+                f"{source}@{revision} has no .safetensors weights; pickle weights can run code when "
+                "loaded: pass --allow-pickle only if you trust them"
+            ) from None
+        raise
     if config.device_map is None:
         model = model.to(device)
     return model.eval()
@@ -189,7 +198,7 @@ def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = 
     check_model(model, data, desc or type(model).__name__)
     hf = forward is None and uses_attention_interface(model)
     n_batches = -(-data.n_windows // config.batch_size)
-    with (attach(model, config.probe) if hf else probe_sdpa(model, config.probe)) as probe:
+    with (attach(model, config.probe) if hf else attach_sdpa(model, config.probe)) as probe:
         for ids, mask, pos in tqdm(
             data.batches(config.batch_size), total=n_batches, desc=desc, leave=False,
             disable=not progress, unit="batch",
@@ -198,6 +207,8 @@ def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = 
                 probe.run_batch(ids, mask, pos)
             else:
                 probe.run_batch(ids, mask, pos, forward=forward)
+        if hf:  # head roles: one forward over the diagnostic batch of repeated random tokens
+            probe.run_roles()
         frame = probe.to_frame()
     if not config.attribution.active:
         return frame
@@ -209,7 +220,8 @@ def probe_model(model, data: EvalData, config: SweepConfig, *, progress: bool = 
     subset = list(data.batches(config.batch_size, config.attribution.windows))  # (b, T) each
     extra = attribute(model, subset, heads=config.attribution.heads, progress=progress,
                       desc=f"{desc} attribution".strip())
-    frame = pd.concat([frame, extra], ignore_index=True)
+    routers = router_gains(model, subset, progress=progress, desc=f"{desc} router gains".strip())
+    frame = pd.concat([frame, extra] + ([routers] if len(routers) else []), ignore_index=True)
     return frame.sort_values(["site_kind", "layer", "head", "metric"], kind="stable").reset_index(drop=True)
 
 

@@ -22,7 +22,7 @@ WEIGHT_DTYPES: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")
 STATS_DTYPES: tuple[str, ...] = ("float32", "float64")
 #: how single heads' optimal-temperature gains are found
 HEAD_GAIN_MODES: tuple[str, ...] = ("screen", "estimate", "search", "off")
-BACKENDS: tuple[str, ...] = ("auto", "torch", "compile", "triton")
+BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 TIME_AXES: tuple[str, ...] = ("auto", "tau", "step")
 
 
@@ -98,9 +98,7 @@ class ProbeConfig:
         for exact checks; the Triton kernel computes in float32).
     backend: "auto" (the fused Triton kernel on CUDA when triton is installed, the torch path
         elsewhere), "torch" (the exact reference), "triton" (the kernel; on CPU only under
-        TRITON_INTERPRET=1) or "compile" (the torch path with each block's reductions fused by
-        ``torch.compile``; never picked by auto: a compile per new shape costs more than it saves
-        on a sweep's few shapes, and on CPU it needs a C++ compiler).
+        TRITON_INTERPRET=1).
     lm_chunk: token positions per block of LM-head logits.
     fused: compute each attention output from the probe's own scores (QK^T once; outputs within
         float rounding of eager attention, not bit-identical). Off by default: the model's own
@@ -112,9 +110,8 @@ class ProbeConfig:
     dtype: str = option("float32", "precision of the statistics on the torch path (default "
                         "%(default)s)", flag="--stats-dtype", choices=STATS_DTYPES)
     backend: str = option("auto", "statistics path: auto (default: the fused Triton kernel on "
-                          "CUDA, the torch path on CPU), torch (the exact reference), triton, or "
-                          "compile (torch.compile fuses each block's passes; never chosen by auto: "
-                          "it recompiles per shape and needs a C++ compiler on CPU)", choices=BACKENDS)
+                          "CUDA, the torch path on CPU), torch (the exact reference) or triton",
+                          choices=BACKENDS)
     lm_chunk: int = option(512, "token positions per block of LM-head logits (default %(default)s)")
     fused: bool = option(False, "compute attention outputs from the probe's own scores (QK^T once; "
                          "outputs within rounding of eager, not bit-identical)",
@@ -149,7 +146,7 @@ class AttributionConfig:
 
     enabled: bool = option(True, "skip the attribution (d loss / d log beta, curvature, "
                            "optimal-temperature gain per site); same as --attribution-windows 0",
-                           flag="--no-sensitivity")
+                           flag="--no-attribution")
     windows: int = option(4, "run the attribution on the first N evaluation windows (default "
                           "%(default)s; 0 = off)", flag="--attribution-windows", metavar="N")
     heads: str = option("screen", "single heads' gains: screen (default: one loss evaluation a "

@@ -21,7 +21,9 @@ import gc
 import os
 import shutil
 import sys
+import time
 import traceback
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,16 +38,29 @@ from .attribution import describe_attribution
 from .checkpoint import CheckpointError, load_model, probe_model, tidy_frame
 from .checkpoints_index import Checkpoint, CheckpointSequence
 from .checkpoints_index.cache import cached_refs, delete_cached_revisions
+from .checkpoints_index.hub import is_network_error
 from .checkpoints_index.integrity import integrity_record
 from .config import ConfigError, SweepConfig
 from .data import EvalData
-from .hooks import CompileError, UnsupportedModelError
+from .formatting import short_list
+from .hooks import UnsupportedModelError
 from .version import __version__
-from .vocab import short_list
+from .vocab import PeakprobeWarning
 
 
 class SweepError(ConfigError):
     """A sweep cannot start: a changed configuration, pickle weights, a bad option."""
+
+
+class DamagedFileWarning(PeakprobeWarning):
+    """A run-directory file did not read back and was moved aside to ``<file>.damaged``."""
+
+
+def move_aside(path: Path, problem: str, then: str) -> None:
+    """Move a damaged run-directory file aside and say so in one line (a warning)."""
+    aside = results.move_aside(path)
+    warnings.warn(f"{path} {problem}: moved aside to {aside.name}; {then}", DamagedFileWarning,
+                  stacklevel=3)
 
 
 @dataclass
@@ -92,17 +107,23 @@ def build_manifest(seq: CheckpointSequence, data: EvalData, config: SweepConfig,
 
 
 def prepare_run_dir(run_dir: Path, manifest: dict, *, force: bool) -> None:
-    """Create the run directory, or check that an existing one was made with the same inputs."""
+    """Create the run directory, or check that an existing one was made with the same inputs.
+    A manifest that does not read back is moved aside and written again."""
     path = run_dir / results.MANIFEST
     if path.exists() and not force:
-        old, new = results.run_identity(results.read_manifest(run_dir)), results.run_identity(manifest)
-        if old != new:
-            changed = [k for k, v in new.items() if old.get(k) != v]
-            raise SweepError(
-                f"{run_dir} holds results of a different sweep ({', '.join(changed)} changed); "
-                "use another --out, or --force to start over"
-            )
-        return
+        try:
+            old = results.run_identity(results.read_manifest(run_dir))
+        except results.DamagedFileError:
+            move_aside(path, "does not read back", "writing it again")
+        else:
+            new = results.run_identity(manifest)
+            if old != new:
+                changed = [k for k, v in new.items() if old.get(k) != v]
+                raise SweepError(
+                    f"{run_dir} holds results of a different sweep ({', '.join(changed)} changed); "
+                    "use another --out, or --force to start over"
+                )
+            return
     if force and run_dir.exists():
         for name in (results.CHECKPOINTS, results.REPORT):
             shutil.rmtree(run_dir / name, ignore_errors=True)
@@ -110,6 +131,31 @@ def prepare_run_dir(run_dir: Path, manifest: dict, *, force: bool) -> None:
             (run_dir / name).unlink(missing_ok=True)
     (run_dir / results.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
     results.write_json(path, manifest)
+
+
+def heal(run_dir: Path, ckpts: list[Checkpoint], manifest: dict) -> list[str]:
+    """Move aside each of ``ckpts``' result files that does not read back as this run's (one
+    line each): they are probed again, never counted as done. Returns their revisions."""
+    healed = []
+    for c in ckpts:
+        path = results.checkpoint_path(run_dir, c.revision)
+        problem = results.checkpoint_problem(path, manifest) if path.exists() else None
+        if problem is not None:
+            move_aside(path, problem, "probing it again")
+            healed.append(c.revision)
+    return healed
+
+
+def _write_integrity(run_dir: Path, seq: CheckpointSequence, offline: bool) -> None:
+    """Write integrity.json unless a readable one is there (a damaged one is moved aside)."""
+    path = run_dir / results.INTEGRITY
+    if path.exists():
+        try:
+            results.read_integrity_record(run_dir)
+            return
+        except results.DamagedFileError:
+            move_aside(path, "does not read back", "writing it again")
+    results.write_integrity(run_dir, integrity_record(seq, offline=offline))
 
 
 def shard_info() -> tuple[int, int, str]:
@@ -134,6 +180,17 @@ def parse_shard(text: str) -> tuple[int, int]:
     return shard
 
 
+
+def check_shard(shard: tuple[int, int] | str | None, force: bool) -> tuple[int, int] | None:
+    """The shard as (K, N) (``"K/N"`` parsed), checked against ``force``: the one place that
+    refuses --force with --shard (it would discard the other shards' results)."""
+    if isinstance(shard, str):
+        shard = parse_shard(shard)
+    if shard is not None and force:
+        raise SweepError("--force with --shard would discard the other shards' results; "
+                         "remove the run directory first instead")
+    return shard
+
 def _lock(run_dir: Path, revision: str) -> FileLock:
     path = run_dir / results.LOCKS / (revision.replace("/", "__") + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,6 +205,25 @@ def _free_memory() -> None:
 
 def _source(seq: CheckpointSequence, ckpt: Checkpoint) -> tuple[str, str | None]:
     return (ckpt.path, None) if ckpt.path is not None else (seq.source, ckpt.revision)
+
+
+#: a hub checkpoint whose download breaks off (a reset connection, a 5xx answer) is loaded again
+#: up to this many times in all; huggingface_hub resumes the files it has
+LOAD_TRIES = 3
+RETRY_SECONDS = 1.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed load is worth trying again: a network error or a 429/5xx answer."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        status = getattr(getattr(current, "response", None), "status_code", None)
+        if is_network_error(current) or status in (429, 500, 502, 503, 504):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _claim(run_dir: Path, ckpt: Checkpoint) -> FileLock | None:
@@ -172,10 +248,13 @@ def _loader(seq, todo, config, device, run_dir) -> Iterator[tuple[Checkpoint, Fi
     pool = ThreadPoolExecutor(max_workers=1) if config.prefetch else None
 
     def load(c):
-        try:
-            return load_model(*_source(seq, c), config, device)
-        except Exception as exc:  # reported per checkpoint, never fatal
-            return exc
+        for attempt in range(LOAD_TRIES):
+            try:
+                return load_model(*_source(seq, c), config, device)
+            except Exception as exc:  # reported per checkpoint, never fatal
+                if c.path is not None or attempt + 1 == LOAD_TRIES or not is_transient(exc):
+                    return exc
+                time.sleep(RETRY_SECONDS * 2**attempt)
 
     busy: list[Checkpoint] = []
     held: list[FileLock] = []  # claimed, not yet handed to the consumer
@@ -248,7 +327,7 @@ def sweep(
     *,
     force: bool = False,
     processes: int = 1,
-    shard: tuple[int, int] | None = None,
+    shard: tuple[int, int] | str | None = None,
     prune_cache: bool = False,
     rank: int | None = None,
     world: int | None = None,
@@ -258,26 +337,25 @@ def sweep(
 ) -> SweepOutcome:
     """Probe every checkpoint of ``seq`` on ``data`` and write the run directory ``run_dir``.
 
-    ``shard=(K, N)`` probes checkpoints K, K+N, K+2N, ... of ``seq`` only (the manifest still
-    lists all of them); ``processes`` and launcher ranks split that share further.
-    ``prune_cache`` deletes each hub revision that was not in the HF cache when this sweep
-    started from the cache once its results are written."""
+    ``shard=(K, N)`` (or ``"K/N"``) probes checkpoints K, K+N, K+2N, ... of ``seq`` only (the
+    manifest still lists all of them); ``processes`` and launcher ranks split that share
+    further. ``prune_cache`` deletes each hub revision that was not in the HF cache when this
+    sweep started from the cache once its results are written."""
     config = config or SweepConfig()
     run_dir = Path(run_dir)
     if len(seq) == 0:
         raise SweepError("no checkpoints selected")
-    if shard is not None and force:
-        raise SweepError("--force with --shard would discard the other shards' results; "
-                         "remove the run directory first instead")
+    shard = check_shard(shard, force)
     auto_rank, auto_world, auto_device = shard_info()
     rank = auto_rank if rank is None else rank
     world = auto_world if world is None else world
-    device = auto_device if config.device == "auto" else config.device
     manifest = build_manifest(seq, data, config, command)
+    share = [c for i, c in enumerate(seq) if shard is None or i % shard[1] == shard[0]]
     if rank == 0:
         prepare_run_dir(run_dir, manifest, force=force)
-        if integrity and not (run_dir / results.INTEGRITY).exists():
-            results.write_integrity(run_dir, integrity_record(seq, offline=config.local_files_only))
+        if integrity:
+            _write_integrity(run_dir, seq, config.local_files_only)
+        heal(run_dir, share, manifest)
     if processes > 1:
         payload = dict(seq=seq, data=data, run_dir=run_dir, config=config, shard=shard,
                        prune_cache=prune_cache, progress=progress, command=command)
@@ -288,9 +366,15 @@ def sweep(
         PartialState(cpu=not torch.cuda.is_available()).wait_for_everyone()
     if rank != 0:
         prepare_run_dir(run_dir, manifest, force=False)
+    device = auto_device if config.device == "auto" else config.device
+    return _probe_share(seq, share[rank::world], data, run_dir, config, device,
+                        prune_cache=prune_cache, progress=progress)
 
-    share = [c for i, c in enumerate(seq) if shard is None or i % shard[1] == shard[0]]
-    mine = [c for i, c in enumerate(share) if i % world == rank]
+
+def _probe_share(seq: CheckpointSequence, mine: list[Checkpoint], data: EvalData, run_dir: Path,
+                 config: SweepConfig, device: str, *, prune_cache: bool, progress: bool
+                 ) -> SweepOutcome:
+    """Probe this process's checkpoints ``mine`` (those not done yet, each under its lock)."""
     skipped = [c.revision for c in mine if results.checkpoint_path(run_dir, c.revision).exists()]
     todo = [c for c in mine if c.revision not in set(skipped)]
     hub = any(c.path is None for c in seq)
@@ -303,35 +387,13 @@ def sweep(
         if lock is None:  # another process on this run directory has it, or has finished it
             (summary.skipped if results.checkpoint_path(run_dir, ckpt.revision).exists()
              else summary.busy).append(ckpt.revision)
-            bar.update(1)
-            continue
-        bar.set_postfix_str(ckpt.revision)
-        model = box.pop()
-        try:
-            if isinstance(model, Exception):
-                raise model
-            frame = probe_model(model, data, config, progress=progress, desc=ckpt.revision)
-            results.write_checkpoint(run_dir, ckpt.revision, tidy_frame(frame, seq, ckpt))
-            summary.done.append(ckpt.revision)
-        except (UnsupportedModelError, CompileError):
-            raise  # every checkpoint of the family would fail the same way
-        except Exception as exc:
-            if isinstance(exc, CheckpointError):
-                refused.append(exc)
-            results.append_failure(run_dir, {
-                "revision": ckpt.revision,
-                "step": ckpt.step,
-                "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
-                "traceback": traceback.format_exc(limit=5),
-            })
-            summary.failed.append(ckpt.revision)
-        finally:
-            del model  # the last reference: the loader keeps none (see _loader)
-            _free_memory()
-            lock.release()
-        if prune_cache and ckpt.path is None and ckpt.revision not in cached_before \
-                and ckpt.revision in summary.done:
-            summary.pruned += delete_cached_revisions(seq.source, [ckpt.revision])
+        else:
+            bar.set_postfix_str(ckpt.revision)
+            error = _probe_one(seq, ckpt, box, lock, data, run_dir, config, progress)
+            (summary.failed if error else summary.done).append(ckpt.revision)
+            refused += [error] if isinstance(error, CheckpointError) else []
+            if prune_cache and not error and ckpt.path is None and ckpt.revision not in cached_before:
+                summary.pruned += delete_cached_revisions(seq.source, [ckpt.revision])
         bar.update(1)
     bar.close()
     if summary.busy:
@@ -340,3 +402,31 @@ def sweep(
     if refused and len(refused) == len(mine):  # every checkpoint refused: the input is wrong
         raise refused[0]
     return summary
+
+
+def _probe_one(seq: CheckpointSequence, ckpt: Checkpoint, box: list, lock: FileLock,
+               data: EvalData, run_dir: Path, config: SweepConfig, progress: bool
+               ) -> Exception | None:
+    """Probe one loaded checkpoint and write its results; a failure goes to failures.jsonl and
+    is returned (an unsupported model is raised: every checkpoint would fail the same way)."""
+    model = box.pop()
+    try:
+        if isinstance(model, Exception):
+            raise model
+        frame = probe_model(model, data, config, progress=progress, desc=ckpt.revision)
+        results.write_checkpoint(run_dir, ckpt.revision, tidy_frame(frame, seq, ckpt))
+        return None
+    except UnsupportedModelError:
+        raise
+    except Exception as exc:
+        results.append_failure(run_dir, {
+            "revision": ckpt.revision,
+            "step": ckpt.step,
+            "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
+            "traceback": traceback.format_exc(limit=5),
+        })
+        return exc
+    finally:
+        del model  # the last reference: the loader keeps none (see _loader)
+        _free_memory()
+        lock.release()

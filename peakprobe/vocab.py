@@ -7,9 +7,6 @@ imports nothing heavy (no torch, no pandas) and sits above every other module of
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 # -- site kinds --------------------------------------------------------------------------------
 #: one attention head (layer, head)
 ATTN = "attn"
@@ -19,12 +16,15 @@ ATTN_LAYER = "attn_layer"
 ATTN_ALL = "attn_all"
 #: the next-token softmax over the vocabulary (layer = head = -1)
 LM_HEAD = "lm_head"
-SITE_KINDS: tuple[str, ...] = (ATTN, ATTN_LAYER, ATTN_ALL, LM_HEAD)
+#: a mixture-of-experts layer's softmax over its experts, one row per token (layer, head = -1)
+ROUTER = "router"
+#: the site kinds the peaked / concentrating / saturated classes are given to
+CLASSIFIED_KINDS: tuple[str, ...] = (ATTN, LM_HEAD, ROUTER)
 
 
 def site_label(kind: str, layer: int = -1, head: int = -1) -> str:
     """Human label of a site: ``attn L3 H5``, ``attn L3 (all heads)``, ``attention (all heads)``,
-    ``LM head``."""
+    ``LM head``, ``router L2``."""
     if kind == ATTN:
         return f"attn L{int(layer)} H{int(head)}"
     if kind == ATTN_LAYER:
@@ -33,6 +33,8 @@ def site_label(kind: str, layer: int = -1, head: int = -1) -> str:
         return "attention (all heads)"
     if kind == LM_HEAD:
         return "LM head"
+    if kind == ROUTER:
+        return f"router L{int(layer)}"
     raise ValueError(f"unknown site kind {kind!r}")
 
 
@@ -67,8 +69,6 @@ COMMON_METRICS: tuple[str, ...] = (
     LOGIT_TOP_GAP,
     PEAKED,
 )
-#: attention sites add the probability on the first visible key (the attention-sink mass)
-ATTN_EXTRA: tuple[str, ...] = (FIRST_KEY_PROB,)
 #: the LM head adds the next-token statistics
 LM_EXTRA: tuple[str, ...] = (LOSS, TARGET_PROB, TARGET_LOGIT_MINUS_MEAN)
 #: peakedness as the authors judge it: the inverse temperature at which Gaussian logits over the
@@ -79,8 +79,6 @@ PEAKED_ENTROPY = "peaked_entropy"
 XSINK_SUFFIX = "_xsink"
 #: models with a learned sink logit per head (gpt-oss): the probability the sink takes
 SINK_PROB = "sink_prob"
-ATTN_METRICS: tuple[str, ...] = COMMON_METRICS + ATTN_EXTRA
-LM_METRICS: tuple[str, ...] = COMMON_METRICS + LM_EXTRA
 #: every site also reports peakedness by entropy (rows with n >= 2 options)
 ENTROPY_PEAKED_METRICS: tuple[str, ...] = (BETA_EFF, PEAKED_ENTROPY)
 #: attention sites also report these with the first visible key left out (rows with >= 2 others)
@@ -89,12 +87,71 @@ XSINK_METRICS: tuple[str, ...] = tuple(
 )
 #: the row's largest logit (over its real options, not a learned sink), averaged over rows
 LOGIT_ROW_MAX = "logit_row_max"
-#: everything the probes write per site as a row mean (attention sites of models with learned
-#: sinks add SINK_PROB)
+#: everything the probes write per site as a row mean (attention sites add the probability on
+#: the first visible key; those of models with learned sinks add SINK_PROB)
 ATTN_PROBE_METRICS: tuple[str, ...] = (
-    ATTN_METRICS + ENTROPY_PEAKED_METRICS + XSINK_METRICS + (LOGIT_ROW_MAX,)
+    COMMON_METRICS + (FIRST_KEY_PROB,) + ENTROPY_PEAKED_METRICS + XSINK_METRICS + (LOGIT_ROW_MAX,)
 )
-LM_PROBE_METRICS: tuple[str, ...] = LM_METRICS + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX,)
+LM_PROBE_METRICS: tuple[str, ...] = (
+    COMMON_METRICS + LM_EXTRA + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX,)
+)
+
+# -- head roles, on a fixed diagnostic batch of repeated random tokens [x_1..x_n, x_1..x_n] ------
+#: attention on the key after the earlier copy of the query's token (rows of the second copy)
+INDUCTION_SCORE = "induction_score"
+#: attention on the previous position (every row but the first)
+PREV_TOKEN_SCORE = "prev_token_score"
+#: attention on the earlier copy of the query's token (rows of the second copy)
+DUPLICATE_SCORE = "duplicate_score"
+ROLE_METRICS: tuple[str, ...] = (INDUCTION_SCORE, PREV_TOKEN_SCORE, DUPLICATE_SCORE)
+#: a head's role: the role whose score is largest at that checkpoint, when it is at least
+#: ROLE_THRESHOLD; the sink role reads FIRST_KEY_PROB (the evaluation windows' sink mass)
+ROLE_OF: dict[str, str] = {"induction": INDUCTION_SCORE, "previous-token": PREV_TOKEN_SCORE,
+                           "duplicate-token": DUPLICATE_SCORE, "sink": FIRST_KEY_PROB}
+ROLE_THRESHOLD = 0.4
+#: the diagnostic batch: sequences, the period n (halved to fit the model's positions), its seed
+ROLE_SEQUENCES = 8
+ROLE_PERIOD = 32
+ROLE_SEED = 1234
+
+# -- why the logits grow: the query-key geometry of each head over its visible pairs ------------
+#: mean query norm over rows, mean key norm and mean cosine of q and k over visible pairs (the
+#: q and k the softmax sees: after any q/k norm and rotary)
+Q_NORM = "q_norm"
+K_NORM = "k_norm"
+QK_COS = "qk_cos"
+#: the exact decomposition logit_rms = scaling * q_rms * k_rms * qk_align over visible pairs:
+#: the RMS logit (scaling * q.k, before softcapping and biases), the RMS query and key norms
+#: (pair-weighted), and the alignment factor RMS(q.k) / (q_rms * k_rms)
+LOGIT_RMS = "logit_rms"
+Q_RMS = "q_rms"
+K_RMS = "k_rms"
+QK_ALIGN = "qk_align"
+GEOMETRY_METRICS: tuple[str, ...] = (Q_NORM, K_NORM, QK_COS, LOGIT_RMS, Q_RMS, K_RMS, QK_ALIGN)
+#: the factors of LOGIT_RMS whose growth exponents add up to its own
+LOGIT_FACTORS: tuple[str, ...] = (Q_RMS, K_RMS, QK_ALIGN)
+#: LM head: mean norm of the final hidden state the LM head reads, mean norm of the unembedding
+#: rows (over the vocabulary; a per-checkpoint weight figure), mean log Z = logsumexp of the
+#: logits (the quantity z-loss penalises)
+HIDDEN_NORM = "hidden_norm"
+UNEMBED_NORM = "unembed_norm"
+LOG_Z = "log_z"
+LM_FACTOR_METRICS: tuple[str, ...] = (HIDDEN_NORM, UNEMBED_NORM, LOG_Z)
+
+# -- MoE routers (one row per token, over the layer's experts) ------------------------------------
+#: router: the probability mass of the k experts the token is sent to (k = the model's top-k)
+TOPK_MASS = "topk_mass"
+#: router row means: the common statistics, peakedness by entropy, the top-k mass
+ROUTER_PROBE_METRICS: tuple[str, ...] = (
+    COMMON_METRICS + ENTROPY_PEAKED_METRICS + (LOGIT_ROW_MAX, TOPK_MASS)
+)
+#: router load balance over the tokens (not row means): the entropy (nats) of the share of
+#: top-k assignments each expert receives, the fraction of experts no token selects, and the
+#: largest expert's load over the mean load (1 = perfectly balanced)
+LOAD_ENTROPY = "load_entropy"
+DEAD_EXPERTS = "dead_experts"
+LOAD_MAX_OVER_MEAN = "load_max_over_mean"
+LOAD_METRICS: tuple[str, ...] = (LOAD_ENTROPY, DEAD_EXPERTS, LOAD_MAX_OVER_MEAN)
 
 # -- per-site figures that are not row means ---------------------------------------------------
 #: the largest logit over a site's rows and options (the quantity QK-clip and MuonClip control):
@@ -141,6 +198,18 @@ GROWTH_METRICS: tuple[str, ...] = (
     ENTROPY,
     LOGIT_MAX,
     LOGIT_ROW_MAX,
+    TOPK_MASS,
+    LOAD_ENTROPY,
+    LOAD_MAX_OVER_MEAN,
+    LOGIT_RMS,
+    Q_RMS,
+    K_RMS,
+    QK_ALIGN,
+    Q_NORM,
+    K_NORM,
+    HIDDEN_NORM,
+    UNEMBED_NORM,
+    LOG_Z,
 )
 #: the per-site metrics the report's table shows at the last checkpoint
 FINAL_METRICS: tuple[str, ...] = (
@@ -172,18 +241,6 @@ PEAKED_FRACTION = 0.5
 GROWTH_FLOOR = 0.05
 
 
-def peaked_threshold(n: Any) -> Any:
-    """The random-energy-model threshold sqrt(2 ln n) on the logit std over n options.
-
-    Works on a Python number, a numpy array or a torch tensor (n >= 1; 0 at n = 1)."""
-    if isinstance(n, (int, float)):
-        return math.sqrt(2.0 * math.log(n)) if n > 1 else 0.0
-    if hasattr(n, "clamp"):  # torch: no numpy round trip, stays on its device
-        return (2.0 * n.clamp(min=1).log()).sqrt()
-    import numpy as np
-
-    return np.sqrt(2.0 * np.log(np.maximum(n, 1)))
-
 # -- evaluation windows (data.py) --------------------------------------------------------------------
 #: one document per window, right-padded (as the 1/3 authors measure Pythia)
 DOCUMENT = "document"
@@ -196,6 +253,8 @@ LAYOUTS: tuple[str, ...] = (DOCUMENT, PACKED, PACKED_DOCS)
 # -- run-directory files written beside the results (see results.py) ---------------------------------
 #: checkpoints whose weights duplicate another's, written by the sweep; fits exclude them
 INTEGRITY = "integrity.json"
+#: what a toy run (``peakprobe toy peaked|linear``) writes beside its figures: exponents, windows
+TOY_FILE = "toy.json"
 
 # -- verdict words -------------------------------------------------------------------------------
 #: the three-way judgement of an exponent against 1/3 (see fits)
@@ -208,14 +267,6 @@ BOTTLENECK_ATTENTION = "attention"
 BOTTLENECK_LM_HEAD = "lm_head"
 BOTTLENECK_NONE = "none"
 BOTTLENECK_UNDETERMINED = "undetermined"
-
-def short_list(names, limit: int = 5) -> str:
-    """Names in one line: ``a, b, c``, or ``a, b, c, d, e and 3 more`` past ``limit`` (so a count
-    said beside them always agrees with what is shown)."""
-    names = [str(n) for n in names]
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
 
 class PeakprobeError(ValueError):
     """Base class of every error a user can cause: bad input, an option out of range, a model or

@@ -136,10 +136,15 @@ def default_tiny_lm(tmp_path_factory) -> Path:
     return train_tiny_lm(out, progress=False)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="run the tests marked slow (as PEAKPROBE_SLOW=1 does)")
+
+
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("PEAKPROBE_SLOW") == "1":
+    if config.getoption("--runslow") or os.environ.get("PEAKPROBE_SLOW") == "1":
         return
-    skip = pytest.mark.skip(reason="slow test: set PEAKPROBE_SLOW=1 to run")
+    skip = pytest.mark.skip(reason="slow test: pass --runslow (or set PEAKPROBE_SLOW=1) to run")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
@@ -160,3 +165,32 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# -- PEAKPROBE_REQUIRE: a skip for a missing extra that CI installed is a failure ---------------
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+def _fail_required_skip(report) -> None:
+    from extras import required_extra_of
+
+    if report.skipped and (extra := required_extra_of(_skip_reason(report))):
+        report.outcome = "failed"
+        report.longrepr = (f"PEAKPROBE_REQUIRE names {extra!r}, yet this skipped: "
+                           f"{_skip_reason(report)}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_required_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_required_skip(outcome.get_result())

@@ -1,10 +1,9 @@
-"""Raw synthetic run directories with planted laws, for the tests and benchmarks (not the package).
+"""Raw synthetic run directories with planted laws, for the tests (not the package).
 
 `make_run` writes what a sweep writes — ``manifest.json``, one ``checkpoints/<revision>.parquet``
 per step (the tidy schema of docs/architecture.md) and, when asked, ``integrity.json`` — and
 nothing a fit would write, so the real `peakprobe.fits.fit_run` has to find the planted truth.
-Import it from a test as ``from synthetic import make_run`` (pytest puts tests/ on sys.path);
-benchmarks add the repository root to sys.path and use ``from tests.synthetic import make_run``.
+Import it from a test as ``from synthetic import make_run`` (pytest puts tests/ on sys.path).
 
 Planted laws (t = step, tau = tau_scale * step):
 
@@ -123,7 +122,7 @@ def _site_metrics(beta: np.ndarray, c0: float, n: int, eff: float) -> dict[str, 
     }
 
 
-def make_run(
+def make_run(  # noqa: C901 (one builder of every planted quantity; the tests' helpers module splits it)
     run_dir: str | os.PathLike,
     n_layers: int = 2,
     n_heads: int = 4,
@@ -196,8 +195,8 @@ def make_run(
     gain_noise = noise if gain_noise is None else gain_noise
 
     sites: dict[tuple[str, int, int], dict[str, np.ndarray]] = {}
-    c0_attn = float(vocab.peaked_threshold(n_options))
-    c0_lm = float(vocab.peaked_threshold(vocab_size))
+    c0_attn = float(np.sqrt(2 * np.log(n_options)))  # sqrt(2 ln n)
+    c0_lm = float(np.sqrt(2 * np.log(vocab_size)))
     for (layer, head), kind in sorted(kinds.items()):
         beta = _beta(kind, t, alphas[(layer, head)], c0_attn, t_end)
         m = _site_metrics(beta, c0_attn, n_options, beta_eff_factor)
@@ -314,7 +313,8 @@ def make_run(
         "fit_start_step": fit_start_step,
         "checkpoints": checkpoints,
         "data": {"spec": "synthetic", "n_windows": 0, "window": 0, "token_hash": ""},
-        "probe": {"chunk": 64, "dtype": "float64", "sensitivity": sensitivity},
+        "probe": {"chunk": 64, "dtype": "float64"},
+        "attribution": {"windows": 4} if sensitivity else None,
         "versions": {"peakprobe": "synthetic"},
     }
     results.write_json(run_dir / results.MANIFEST, manifest)

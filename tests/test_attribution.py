@@ -167,7 +167,7 @@ def test_group_gains_match_a_brute_force_grid(neox, site):
     assert gain == pytest.approx(f0 - f_grid, abs=1e-6)
     assert gain > 1e-4  # a real gain, not a trivial zero
     x = _value(df, kind, layer, -1, vocab.LOG_BETA_OPT)
-    assert x == pytest.approx(x_grid, abs=5e-3 if abs(x_grid) < 3 else 0)
+    assert x == pytest.approx(x_grid, abs=5e-3 if abs(x_grid) < EXTEND_LIMIT else 0)
 
 
 def test_head_estimate_is_the_local_quadratic_model_and_is_compared_with_the_search(neox):
@@ -414,7 +414,7 @@ def test_search_finds_the_closed_form_minimum():
     r = minimize_log_beta(f, f(0), g0)
     assert r.x == pytest.approx(0.5 * math.log(c / a), abs=1e-4)
     assert r.gain == pytest.approx(c + a - 2 * math.sqrt(a * c), abs=1e-9)
-    assert not r.at_bound and r.n_evals < 15
+    assert not r.at_bound and r.n_evals < 17  # two of them the reach's far ends
     # still falling at every bound: the bound moves out to EXTEND_LIMIT, and is flagged
     r = minimize_log_beta(lambda x: math.exp(-x), 1.0, -1.0)
     assert r.x == EXTEND_LIMIT and r.at_bound and r.gain == pytest.approx(1 - math.exp(-EXTEND_LIMIT))
@@ -546,9 +546,9 @@ def test_screened_search_on_closed_forms():
     r = screened_search(wall, wall(0.0), g0, floor=floor)
     assert not r.estimated and r.gain == pytest.approx(wall(0.0) - grid, rel=0.02)
 
-    def double(x):  # a shallow minimum on the bound -3 and a deeper basin at -1.5
-        return -0.004 * math.exp(-((x + 1.5) / 0.4) ** 2) - 0.002 * max(0.0, -x - 2) + 1e-4 * x
-    grid = min(double(x) for x in np.linspace(-3, 3, 6001))
+    def double(x):  # a shallow shelf from -3 out to the reach's end, a deeper basin at -1.5
+        return -0.004 * math.exp(-((x + 1.5) / 0.4) ** 2) - 0.002 * min(1.0, max(0.0, -x - 2)) + 1e-4 * x
+    grid = min(double(x) for x in np.linspace(-EXTEND_LIMIT, EXTEND_LIMIT, 24001))
     r = screened_search(double, double(0.0), 1e-4, floor=floor)
     assert r.gain == pytest.approx(double(0.0) - grid, rel=0.02)
     assert screened_search(lambda x: 0.0, 0.0, 0.0, floor=floor).gain == 0.0

@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import STEPS, write_sequence
+from conftest import STEPS, embedded_text, write_sequence
 
+from peakprobe import vocab
 from peakprobe.cli import main
 
 
@@ -71,9 +72,12 @@ def test_probe_and_index_print_tables(finished_run, capsys):
     assert main(["index", str(folder)]) == 0
     out = capsys.readouterr().out
     assert all(f"step{s}" in out for s in STEPS)
-    assert main(["probe", str(folder / "step64"), "--n-windows", "2", "--window", "24"]) == 0
+    text = folder.parent / "probe-eval.txt"
+    text.write_text(embedded_text(20))
+    assert main(["probe", str(folder / "step64"), "--data", str(text), "--n-windows", "2",
+                 "--window", "24"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:2] == ["site", "logit_std"]
+    assert lines[0].split()[:3] == ["site", "peaked_entropy", "beta_eff"]
     assert sum(line.startswith("attn L") for line in lines) == 8  # 2 layers x 4 heads
     assert sum(line.startswith("LM head") for line in lines) == 1
 
@@ -90,7 +94,7 @@ def test_fit_with_too_few_checkpoints_is_a_one_line_error(finished_run, tmp_path
 
 def test_toy_linear_quick_from_the_command_line(tmp_path):
     assert main(["toy", "linear", "--quick", "--out", str(tmp_path), "-q"]) == 0
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / vocab.TOY_FILE).read_text())
     # Softmax-free attention: the time exponent is set by the data spectrum, a / (1 + a) for
     # feature frequencies ~ k^-(1 + a), not by 1/3.
     a = summary["config"]["zipf_a"]
@@ -99,24 +103,3 @@ def test_toy_linear_quick_from_the_command_line(tmp_path):
     assert [p.name for p in sorted(tmp_path.glob("*.png"))] == sorted(summary["plots"])
 
 
-def test_compile_backend_without_a_working_compiler_is_one_error_before_any_checkpoint(
-        finished_run, tmp_path, capsys, monkeypatch):
-    """backend compile where torch.compile cannot build (no C++ compiler): one line, exit 2,
-    no checkpoint probed or recorded as failed (the check runs before the first probe)."""
-    import torch
-
-    from peakprobe.probes import rows
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("InductorError: CppCompileError: C++ compile error\ncommand: g++ ...")
-
-    monkeypatch.setattr(rows, "_COMPILED", {})
-    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: broken)  # fails when first run
-    folder, _ = finished_run
-    run = tmp_path / "compile"
-    code = main(["sweep", str(folder), "--out", str(run), "--steps", "0,1", "--n-windows", "2",
-                 "--window", "24", "--backend", "compile", "-q"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert len(err) == 1 and "backend 'compile'" in err[0] and "--backend torch" in err[0], err
-    assert not list(run.glob("**/*.parquet")) and not list(run.glob("**/failures.jsonl"))

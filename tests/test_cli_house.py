@@ -34,3 +34,37 @@ def test_importing_the_toy_plots_leaves_matplotlib_backend_alone():
             "print(matplotlib.get_backend())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().lower() == "svg"
+
+
+def _help(*argv: str, capsys) -> str:
+    assert main([*argv, "--help"]) == 0
+    return capsys.readouterr().out
+
+
+def test_each_toy_subcommand_shows_only_its_own_options(capsys):
+    own = {"peaked": {"--optimizer"}, "linear": {"--law"}, "planted": {"--task"}}
+    for name, flags in own.items():
+        text = _help("toy", name, capsys=capsys)
+        others = set().union(*(f for n, f in own.items() if n != name))
+        assert all(f in text for f in flags) and not any(f in text for f in others), name
+
+
+def test_probe_takes_its_data_like_every_command(capsys):
+    text = _help("probe", capsys=capsys)
+    assert "--data" in text and "--layout" in text and "--text " not in text
+    assert "evaluation windows (default 8)" in text
+
+
+def test_no_sensitivity_is_a_deprecated_alias_said_once(tmp_path, capsys):
+    from peakprobe.cli import build_parser
+
+    args = build_parser().parse_args(["sweep", "x", "--out", "y", "--no-sensitivity"])
+    assert args.attr__enabled is False
+    assert build_parser().parse_args(["sweep", "x", "--out", "y", "--no-attribution"]).attr__enabled is False
+    # a folder with no checkpoints: the run stops with one error, after one deprecation line
+    code = main(["sweep", str(tmp_path), "--out", str(tmp_path / "run"), "--no-sensitivity",
+                 "--no-sensitivity", "-q"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert [line for line in err if "warning" in line] == [
+        "peakprobe: warning: --no-sensitivity is deprecated and will be removed; use --no-attribution"]

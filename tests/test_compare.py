@@ -15,7 +15,8 @@ from peakprobe import api, cli, results
 from peakprobe.config import CurveConfig, FitConfig
 from peakprobe.fits import fit_run
 from peakprobe.fits.third import judge_third
-from peakprobe.vocab import THIRD, peaked_threshold
+from peakprobe.probes.gaussian_entropy import peaked_threshold
+from peakprobe.vocab import THIRD
 
 N_BOOT = 60
 STEPS = tuple([2**i for i in range(4, 10)] + list(range(1000, 20001, 1000)))

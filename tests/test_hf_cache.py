@@ -62,7 +62,7 @@ def text_file(tmp_path_factory) -> Path:
 
 ARGS = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "--n-boot", "20",
         "--time-axis", "step", "--t-min", "1",
-        "--no-sensitivity", "-q"]
+        "--no-attribution", "-q"]
 
 
 def pythia_branch(step: int) -> str:

@@ -12,7 +12,8 @@ import torch
 from conftest import VOCAB, left_padded_batch, tiny_model
 from transformers import AutoModelForCausalLM, GPT2Config, MambaConfig
 
-from peakprobe.hooks import ProbeConfig, UnsupportedModelError, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import UnsupportedModelError, attach
 
 
 def _unit_rows(c: torch.Tensor, d: int, seed: int = 0) -> torch.Tensor:
@@ -135,6 +136,7 @@ def test_a_mask_the_kernel_ranges_cannot_express_is_probed_again_on_the_torch_pa
     import sys
     import types
 
+    from peakprobe.hooks import engine
     from peakprobe.hooks.engine import SiteStats
     from peakprobe.probes import MaskSpec, attention_head_sums
     from peakprobe.probes.ranges import KeyRanges, ranges_mask
@@ -150,7 +152,13 @@ def test_a_mask_the_kernel_ranges_cannot_express_is_probed_again_on_the_torch_pa
     fake = types.ModuleType("peakprobe.probes.triton_kernel")
     fake.kernel_site_sums = kernel_site_sums
     fake.kernel_supported = lambda *a, **k: True
-    monkeypatch.setitem(sys.modules, "peakprobe.probes.triton_kernel", fake)
+
+    def stand_in():  # the kernel module and triton's presence stood in for; the LM head on torch
+        monkeypatch.setitem(sys.modules, "peakprobe.probes.triton_kernel", fake)
+        monkeypatch.setattr(engine, "triton_available", lambda: True)
+        monkeypatch.setattr(SiteStats, "_lm_kernel", lambda self, logits: False)
+
+    stand_in()
     model = tiny_model("llama_gqa")
     ids = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(4))
     causal = torch.ones(10, 10, dtype=torch.bool).tril()
@@ -168,7 +176,7 @@ def test_a_mask_the_kernel_ranges_cannot_express_is_probed_again_on_the_torch_pa
             probe.run_batch(ids, mask4)
             frames[name] = probe.to_frame()
         monkeypatch.undo()
-        monkeypatch.setitem(sys.modules, "peakprobe.probes.triton_kernel", fake)
+        stand_in()
         assert len(calls) == model.config.num_hidden_layers  # the kernel path ran first
         pd.testing.assert_frame_equal(frames[name], reference, check_exact=False, rtol=1e-12)
     # without the second pass the hole would show: the ranges alone see key 2 from every row

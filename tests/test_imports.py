@@ -159,7 +159,9 @@ def _metric_literals(path: Path) -> list[tuple[int, str]]:
     from peakprobe import vocab
 
     names = (set(vocab.ATTN_PROBE_METRICS) | set(vocab.LM_PROBE_METRICS) | set(vocab.SITE_METRICS)
-             | set(vocab.ATTRIBUTION_METRICS) | {vocab.SINK_PROB})
+             | set(vocab.ATTRIBUTION_METRICS) | {vocab.SINK_PROB} | set(vocab.ROUTER_PROBE_METRICS)
+             | set(vocab.LOAD_METRICS) | set(vocab.ROLE_METRICS) | set(vocab.GEOMETRY_METRICS)
+             | set(vocab.LM_FACTOR_METRICS))
     tree = ast.parse(path.read_text(encoding="utf-8"))
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     exported = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Assign)

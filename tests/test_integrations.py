@@ -285,6 +285,19 @@ def test_live_scalars_of_a_planted_frame():
     assert out["peakprobe/n_peaked_heads"] == 1.0
     tops = [k for k in out if k.startswith("peakprobe/top/")]
     assert tops == ["peakprobe/top/L0H0/logit_std", "peakprobe/top/L1H0/logit_std"]  # peaked first
+    assert "peakprobe/n_peaked_heads_logit_std" not in out  # one rule measured: no secondary
+
+
+def test_live_scalars_headline_the_entropy_rule_and_keep_the_logit_std_count_secondary():
+    std = {(0, 0): 1.0, (0, 1): 3.0, (0, 2): 2.0, "lm": 7.0}
+    frame = _frame(3, std, {k: 0.5 for k in std if k != "lm"}, peaked={(0, 2): 0.9})
+    entropy_rule = pd.DataFrame({"step": 3, "site_kind": "attn", "layer": 0, "head": [0, 1, 2],
+                                 "metric": vocab.PEAKED_ENTROPY, "value": [0.8, 0.6, 0.1]})
+    out = live_scalars(pd.concat([frame, entropy_rule], ignore_index=True), top_k=2)
+    assert out["peakprobe/n_peaked_heads"] == 2.0  # heads 0 and 1 by beta_eff
+    assert out["peakprobe/n_peaked_heads_logit_std"] == 1.0  # head 2 by its logit std
+    tops = [k for k in out if k.startswith("peakprobe/top/")]
+    assert tops == ["peakprobe/top/L0H1/logit_std", "peakprobe/top/L0H0/logit_std"]
 
 
 def test_alarms_fire_on_crossing_the_documented_thresholds_only():

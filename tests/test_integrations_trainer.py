@@ -139,10 +139,11 @@ def test_training_is_unchanged_by_the_callback(runs):
 
 
 @pytest.mark.slow  # two processes each load transformers and the Trainer: ~1.5 min on 2 busy cores
-def test_two_gloo_processes_probe_once_on_rank_zero(tmp_path):
-    """torchrun starts two CPU processes (gloo DDP through the Trainer's accelerate); rank 0
-    probes every planned step, rank 1 none, and rank 0's numbers are a sweep's of the model
-    saved at the last step."""
+def test_two_gloo_processes_merge_on_rank_zero(tmp_path):
+    """torchrun starts two CPU processes (gloo DDP through the Trainer's accelerate); both
+    ranks probe their share of the windows at every planned step, rank 0 alone writes them
+    (rank 1 records none), and the merged numbers are a sweep's of the model saved at the last
+    step, bit for bit."""
     script = Path(__file__).with_name("trainer_run.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script),
            str(tmp_path)]

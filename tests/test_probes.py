@@ -22,7 +22,7 @@ from peakprobe.probes import (
     row_stats,
 )
 from peakprobe.probes._entropy_curve import B_GRID
-from peakprobe.probes.gaussian_entropy import counts
+from peakprobe.probes.gaussian_entropy import counts, peaked_threshold
 from peakprobe.probes.rows import block_sums, finish, top2
 from peakprobe.probes.sums import merge, merge_one, single
 from peakprobe.probes.workspace import Workspace
@@ -94,7 +94,7 @@ def test_beta_eff_meets_the_authors_anchor_and_its_threshold():
     sqrt(2 ln n) = 4.55. Our tabulated expectation puts it 1.5% lower (see docs/probes.md)."""
     b = beta_eff(torch.tensor([1.69], dtype=torch.float64), torch.tensor([32000.0]))
     assert b.item() == pytest.approx(6.87, rel=0.02)
-    assert b.item() > vocab.peaked_threshold(32000) == pytest.approx(4.55, abs=0.01)
+    assert b.item() > peaked_threshold(32000) == pytest.approx(4.55, abs=0.01)
 
 
 @pytest.mark.parametrize("n, ratio", [(7, 0.6), (100, 1.3), (4096, 1.1)])
@@ -117,7 +117,7 @@ def test_beta_eff_inverts_the_curve_and_clamps_outside_it():
     assert torch.allclose(beta_eff(expected_entropy(beta, n), n), beta, rtol=1e-12)
     assert beta_eff(n.log(), n).tolist() == [0.0] * 4  # uniform: beta 0
     assert beta_eff(n.log() + 1, n).tolist() == [0.0] * 4
-    top = vocab.peaked_threshold(n.double()) * B_GRID[-1]
+    top = peaked_threshold(n.double()) * B_GRID[-1]
     assert torch.allclose(beta_eff(torch.zeros(4), n), top)  # entropy 0: the last knot
     h = torch.linspace(0, math.log(50), 200, dtype=torch.float64)
     assert (beta_eff(h, torch.full_like(h, 50.0)).diff() <= 0).all()  # falls with entropy
@@ -130,7 +130,7 @@ def test_beta_eff_matches_a_dense_inversion_of_each_rows_curve():
     n = torch.cat([torch.tensor([2.0, 3.0, 4.0, 6.0, 1024.0, 2.0**18, 5e5]),
                    (torch.rand(3000, generator=g, dtype=torch.float64) * math.log(4e5)).exp().round().clamp(min=2)])
     knots = torch.tensor(B_GRID, dtype=torch.float64)
-    thr = vocab.peaked_threshold(n)
+    thr = peaked_threshold(n)
     curve = torch.stack([expected_entropy(b * thr, n) / n.log() for b in knots], -1)  # (R, Nb)
     at_knot = curve.gather(-1, torch.randint(0, len(B_GRID), (len(n), 1), generator=g)).squeeze(-1)
     h = torch.where(torch.rand(len(n), generator=g) < 0.3, at_knot, torch.rand(len(n), generator=g, dtype=torch.float64))
@@ -151,7 +151,7 @@ def test_beta_eff_from_per_n_tables_matches_the_general_path(n_max):
     n = torch.cat([torch.tensor([0.0, 1.0, 2.0, 3.0, float(n_max)]),
                    torch.randint(2, n_max + 1, (4000,), generator=g).double()])
     knots = torch.tensor(B_GRID, dtype=torch.float64)
-    thr = vocab.peaked_threshold(n.clamp(min=2))
+    thr = peaked_threshold(n.clamp(min=2))
     curve = torch.stack([expected_entropy(b * thr, n.clamp(min=2)) / n.clamp(min=2).log() for b in knots], -1)
     at_knot = curve.gather(-1, torch.randint(0, len(B_GRID), (len(n), 1), generator=g)).squeeze(-1)
     h = torch.where(torch.rand(len(n), generator=g) < 0.3, at_knot, torch.rand(len(n), generator=g, dtype=torch.float64))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from peakprobe.hooks import ProbeConfig, attach
+from peakprobe.config import ProbeConfig
+from peakprobe.hooks import attach
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@
    refused before any forward pass, in one line; exit 2 when every checkpoint has the problem;
 4. data errors name the file and the line;
 5. a count printed beside names agrees with them;
-6. ``--backend auto`` never picks ``compile``;
+6. ``--backend auto`` is the torch path on CPU;
 and the error classes: bad input exits 2, a bug inside peakprobe exits 1 and says so.
 """
 
@@ -31,7 +31,7 @@ from peakprobe.cli import main
 from peakprobe.corpus import build_tokenizer
 from peakprobe.data import DataError, load_eval_data
 
-FAST = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-sensitivity", "-q"]
+FAST = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-attribution", "-q"]
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_the_busy_count_agrees_with_the_names(sequence, tmp_path, capsys):
         lock.acquire()
     try:
         code = main(["sweep", str(sequence), "--out", str(out), "--data", str(sequence / "eval.txt"),
-                     "--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-sensitivity"])
+                     "--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-attribution"])
     finally:
         for lock in held:
             lock.release()
@@ -165,16 +165,13 @@ def test_the_busy_count_agrees_with_the_names(sequence, tmp_path, capsys):
     assert "(step1, step2, step4, step8, step16 and 1 more)" in line
 
 
-def test_backend_auto_never_resolves_to_compile_and_says_why():
-    from peakprobe.cli import build_parser
+def test_backend_auto_is_the_torch_path_on_cpu_and_compile_is_no_backend():
+    from peakprobe.config import ConfigError, ProbeConfig
     from peakprobe.hooks.engine import resolve_backend
 
-    cpu = torch.zeros(1)
-    assert resolve_backend("auto", cpu) == "torch"
-    assert resolve_backend("compile", cpu) == "compile"
-    sub = build_parser()._subparsers._group_actions[0].choices["sweep"]
-    text = sub.format_help()
-    assert "never chosen by auto" in text and "recompiles per shape" in text
+    assert resolve_backend("auto", torch.zeros(1)) == "torch"
+    with pytest.raises(ConfigError, match="backend must be one of auto, torch, triton"):
+        ProbeConfig(backend="compile")
 
 
 def test_an_internal_error_is_a_bug_not_bad_input(tmp_path, capsys, monkeypatch):

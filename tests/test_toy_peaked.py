@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from peakprobe import vocab
 from peakprobe.toy.peaked_softmax import (
     PeakedRun,
     ToyConfigError,
@@ -116,13 +117,13 @@ def test_sgd_shows_the_one_third_law():
     assert s["final"]["logit_std"] > 2 * math.sqrt(2 * math.log(128))
 
 
-def test_cli_peaked_writes_plot_and_summary_and_prints_the_verdicts(tmp_path, capsys):
+def test_reproduce_peaked_writes_plot_and_summary_and_prints_the_verdicts(tmp_path, capsys):
     from peakprobe.cli import main
 
     assert main(["toy", "peaked", "--optimizer", "sgd", "--steps", "2500", "--out",
                  str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    saved = json.loads((tmp_path / "summary.json").read_text())
+    saved = json.loads((tmp_path / vocab.TOY_FILE).read_text())
     assert printed.strip().splitlines()[:-1] == format_peaked(saved).splitlines()
     number = r"-?\d+\.\d{3}"
     for label in ("loss decay", "\\|\\|W\\|\\| growth", "logit std growth"):

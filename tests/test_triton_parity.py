@@ -34,6 +34,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from extras import missing
 
 DEVICE = os.environ.get("PEAKPROBE_TRITON_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda"
@@ -44,7 +45,7 @@ if not ON_GPU and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"
 
 triton = pytest.importorskip(
-    "triton", reason="triton is not installed (pip install triton)", exc_type=ImportError
+    "triton", reason=missing("triton", "triton is not installed (pip install triton)"), exc_type=ImportError
 )
 
 from conftest import ARCHS, tiny_config  # noqa: E402
@@ -488,7 +489,9 @@ def test_kernel_supported_and_one_line_errors():
     assert not tk.kernel_supported(q, k[:, :1].expand(1, 3, 8, 16))
     wide = torch.zeros(1, 4, 8, 256, device=DEVICE)
     assert tk.kernel_supported(wide.to(torch.bfloat16), wide.to(torch.bfloat16)[:, :2])
-    assert not tk.kernel_supported(wide, wide[:, :2])  # float32 above head dim 128
+    assert not tk.kernel_supported(wide, wide[:, :2])  # float32 above head dim 64
+    assert not tk.kernel_supported(wide[..., :128], wide[:, :2, :, :128])
+    assert tk.kernel_supported(wide[..., :64], wide[:, :2, :, :64])
     kw = dict(scaling=1.0, start=start, end=end)
     cases = [
         (dict(query=q, key=k[:, :1].expand(1, 3, 8, 16)), "multiple of key heads"),
@@ -546,8 +549,8 @@ def test_cpu_tensors_without_the_interpreter_are_refused():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="large shapes need a GPU (the interpreter is too slow)")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(("dtype", "d"), [(torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float16, 64),
+                                          (torch.float16, 128), (torch.float32, 64)])
 def test_pythia_like_shapes_on_gpu(dtype, d):
     """Default launches, T = 1000 (many tiles), causal, left-padded and windowed; no host
     synchronisation inside a call (CUDA sync debug mode raises on one)."""

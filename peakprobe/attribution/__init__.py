@@ -7,8 +7,7 @@ log beta, pure Python), ``gains`` (``attribute``: every site's metrics over a fe
 Its settings are ``peakprobe.config.AttributionConfig``.
 """
 
-from ..config import AttributionConfig
 from .gains import attribute
 from .search import describe_attribution
 
-__all__ = ["AttributionConfig", "attribute", "describe_attribution"]
+__all__ = ["attribute", "describe_attribution"]

@@ -1,36 +1,11 @@
-"""Per-site loss attribution: the optimal-temperature gain of every softmax, and its derivatives.
+"""Per-site loss attribution (``attribute``): every softmax's ``sensitivity`` (d L / d log beta),
+``curvature``, optimal-temperature ``gain`` and ``log_beta_opt``, over a few evaluation windows.
 
-For a site (one softmax, or a group sharing one beta) and x = log beta, where beta multiplies
-the site's logits (after scaling and softcapping, before the mask; see ``beta``) with all else
-fixed, L(x) is the mean next-token cross-entropy over the attribution windows. Per site:
-
-* ``sensitivity`` d L / d x at x = 0 — one backward pass for every head (a layer's and all
-  attention's are the sums of their heads'); the LM head's in closed form, E_p[z] - z_target;
-* ``curvature`` d^2 L / d x^2 at 0 — the LM head's in closed form (its slope + Var_p[z]); for
-  attention the one-sided secant over the search's first step (see ``search``);
-* ``gain`` G = L(0) - min_x L(x), and ``log_beta_opt`` the minimiser: a 1-D search for the LM
-  head (on its cached logits, no re-forward), each layer's heads together and all heads
-  together. Single heads (``heads``): ``"screen"`` (default) one evaluation half way to the
-  downhill bound, and a search (gain to 2%) only for the heads where it, or the quadratic model
-  through it, allows half of ``vocab.HEAD_GAIN_FLOOR`` x L (the screen's figure for the others,
-  below the floor; ``search.screened_search``; its evaluation is made on the first half of the
-  windows first, which alone ends the screen of a head that barely moves that half's loss:
-  ``search.FirstPart``, the runner's two parts); ``"search"`` the groups' search for every
-  head; ``"estimate"`` the local quadratic estimate g^2 / (2h) from one evaluation (NaN where
-  h <= 0); ``"off"`` the sensitivity only.
-
-Cost: evaluations for a beta on layer l re-run only layers l.. on top of the outputs of the
-layers below, cached once per batch (the decoder layers are found as the ``ModuleList`` whose
-i-th block holds the attention module of layer i; a block below l answers with its cached
-output). The cache and the beta = 1 logits come from the slopes' own forward (log beta = 0,
-so beta = 1 exactly), checked to reproduce its loss bit for bit; failing that, from a no-grad
-pass, checked the same way. When no such list exists or both checks fail, every evaluation
-is a full forward. With the cache, a single head's evaluation also reuses the other heads'
-beta = 1 outputs of its layer (recorded by the same pass) and recomputes that head's attention
-alone, where one-head calls reproduce the recorded output bit for bit (checked once a layer,
-every head; otherwise that layer computes every head). Everything reaches the softmaxes
-through one function registered with transformers' ``AttentionInterface`` (with the original
-mask function), and ``tempered`` (its own module) restores the model on exit.
+Owns the attribution pass: the slopes' backward, the LM head's closed forms on its cached
+logits, the searches of each layer, of all attention and of single heads (screened, searched,
+estimated or off: ``AttributionConfig.heads``), and the block cache the evaluations reuse
+(``tempered``). What each number means and how it is computed, its cost and its sampling noise:
+docs/attribution.md.
 """
 
 from __future__ import annotations

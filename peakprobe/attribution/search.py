@@ -1,32 +1,14 @@
-"""The 1-D minimisation of a loss over x = log beta, the screened search of single heads, and the
-two-point quadratic estimate.
+"""The 1-D searches over x = log beta (pure Python, no torch): ``minimize_log_beta`` (a Newton
+jump, then safeguarded parabolic interpolation within [lo, hi]), ``screened_search`` (single
+heads: one screening evaluation, optionally on the first half of the windows first, and a search
+only where the gain may reach the floor), ``quadratic_estimate`` (G = g0^2 / (2 h)), and
+``describe_attribution`` (the manifest's account of the method).
 
-All start from what is known at x = 0 (beta = 1): the loss f0 and its exact slope g0 (autograd
-or closed form). The first evaluation is one step downhill, x1 = -sign(g0) * delta (or a given
-``start``; ``SCREEN_POINT`` for a screened head); with f0 and g0 it gives the one-sided secant
-curvature h = 2 (f(x1) - f0 - g0 x1) / x1^2, the curvature that is reported.
-
-``quadratic_estimate`` stops there: G = g0^2 / (2 h), x* = -g0 / h (clipped to the bounds).
-``minimize_log_beta`` goes on: a Newton jump x = -g0 / h (straight to the downhill bound when
-h <= 0), then safeguarded successive parabolic interpolation through the bracketing triple
-around the best point (golden-section steps when a parabola is concave or lands outside the
-bracket; downhill while no bracket exists, one extrapolation step and then the bound itself),
-until the parabola's vertex lies within ``xtol`` of the best point or promises less than
-``ftol``, or the bracket's ends lie within ``ftol`` of the best point; a best point on a bound is
-checked once against the point ``delta`` inside it; then both bounds are evaluated and the
-search continues from a bound that is lower. A minimum still on a bound moves that bound out
-(doubling it, up to ``EXTEND_LIMIT`` in |log beta|, with ``EXTEND_EVALS`` evaluations of its
-own beyond ``max_evals``) and the search goes on from the points it has, so an optimum just past a bound, or between the bound and the point ``delta`` inside it,
-is found as an interior one to ``xtol``. A minimum on the last bound is reported as such
-(``at_bound``), its gain a lower bound (a softmax whose loss falls all the way to beta -> inf).
-With ``rtol`` it stops once a parabola promises less than that fraction of the gain found.
-
-``screened_search`` (single heads): one evaluation at x = -sign(g0) * ``SCREEN_POINT`` decides
-whether the head's gain can reach the floor; only then the search runs, with ``rtol``. Given a
-``FirstPart`` (the loss on the first half of the windows), that evaluation is made in two
-steps: the first half alone ends the screen where it promises under ``SCREEN_STOP`` x the
-floor; otherwise the other half completes it, and everything goes on exactly as without it.
-Pure Python: no torch.
+All start from the loss f0 and its exact slope g0 at x = 0; the reported curvature is the
+one-sided secant over the first step downhill. A minimum on a bound moves that bound out
+(doubling it up to ``EXTEND_LIMIT`` in |log beta|, with ``EXTEND_EVALS`` evaluations of its own);
+an interior minimum is checked once against both ends of that reach. The stopping rules and the screen:
+docs/attribution.md, "How each number is computed".
 """
 
 from __future__ import annotations
@@ -38,10 +20,10 @@ from dataclasses import dataclass
 LOG_BETA_BOUNDS = (-3.0, 3.0)
 EXTEND_LIMIT = 12.0  # |log beta| a search on a bound extends to (doubling that bound each time)
 # evaluations a search on a bound may spend beyond max_evals on moving it out: two a doubling (the
-# new bound and the point delta inside it; two doublings take 3 to 12) and four to refine a
-# minimum found past the old bound. Its own allowance, so that a search which spent its budget
-# inside the first bounds still extends them.
-EXTEND_EVALS = 8
+# new bound and the point delta inside it; two doublings take 3 to 12) and the rest to refine a
+# minimum found past the old bound to XTOL. Its own allowance, so that a search which spent its
+# budget inside the first bounds still extends them.
+EXTEND_EVALS = 16
 DELTA = 0.05  # the first step, and the span of the secant curvature
 SCREEN_POINT = 1.5  # |log beta| of a head's screening evaluation, downhill: half way to the bound
 SCREEN_FLAG = 0.5  # a head is searched where its screen promises this fraction of the floor
@@ -218,11 +200,30 @@ def minimize_log_beta(
                         known=known, concave_factor=concave_factor, start=start)
     pts, h = r
     lo, hi = bounds
+    reach = max(-lo, hi) < extend_to
     while True:
         best = min(pts, key=pts.get)
         xs = sorted(pts)
         at_bound = best in (lo, hi) and best in (xs[0], xs[-1])
         spent = len(pts) - 1 - len(known or {})
+        if check_bounds and reach and not at_bound and spent < max_evals + extend_evals:
+            # an interior minimum: the far ends of the reach once (a deeper basin past a bound
+            # that is itself higher, e.g. the hard-attention limit); a lower end moves its bound
+            reach = False
+            for xe in (-extend_to, extend_to):
+                if xe not in pts:
+                    pts[xe] = f(xe)
+            end = min((-extend_to, extend_to), key=pts.get)
+            if pts[end] >= pts[best]:
+                break
+            lo, hi = (-extend_to, hi) if end < 0 else (lo, extend_to)
+            best, at_bound = end, True
+            budget = max_evals + extend_evals - spent - 2
+            pts, _ = _bounded_search(f, f0, g0, delta=delta, bounds=(lo, hi), xtol=xtol, ftol=ftol,
+                                     max_evals=max(budget, 2), scan=(), check_bounds=False, rtol=rtol,
+                                     concave_factor=None, start=end,
+                                     known={x: v for x, v in pts.items() if x != 0.0})
+            continue
         if not at_bound or abs(best) >= extend_to or spent >= max_evals + extend_evals:
             break
         lo, hi = (max(2 * lo, -extend_to), hi) if best == lo else (lo, min(2 * hi, extend_to))

@@ -64,7 +64,7 @@ def _offline_error(repo_id: str, reason: str) -> OfflineError:
     )
 
 
-def _is_network_error(exc: BaseException) -> bool:
+def is_network_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is a failed connection rather than a hub answer."""
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -94,7 +94,7 @@ def check_hub_reachable(repo_id: str, timeout: float = 5.0) -> None:
     try:
         huggingface_hub.get_session().head(constants.ENDPOINT, timeout=timeout)
     except Exception as exc:
-        if not _is_network_error(exc):
+        if not is_network_error(exc):
             raise
         raise OfflineError(
             f"the hub ({constants.ENDPOINT}) is unreachable ({type(exc).__name__}), so {repo_id} "
@@ -126,15 +126,20 @@ def from_hub(
     try:
         refs = huggingface_hub.list_repo_refs(repo_id, token=token)
     except Exception as exc:
-        if _is_network_error(exc):
+        if is_network_error(exc):
             return from_cache(
                 repo_id, stage=stage, reason=f"the hub is unreachable ({type(exc).__name__})"
             )
         names = {cls.__name__ for cls in type(exc).__mro__}
-        if "GatedRepoError" in names or "RepositoryNotFoundError" in names:
+        if "GatedRepoError" in names:
             raise HubError(
-                f"hub repo {repo_id} was not found or is gated: check the id, pass a token for private "
-                "or gated repos, or give a local folder path"
+                f"hub repo {repo_id} is gated: accept its conditions on its hub page, then log in "
+                "with `hf auth login` (or set HF_TOKEN)"
+            ) from None
+        if "RepositoryNotFoundError" in names:
+            raise HubError(
+                f"hub repo {repo_id} was not found: check the id; a private repo needs you to log in "
+                "with `hf auth login` (or set HF_TOKEN); or give a local folder path"
             ) from None
         if "HfHubHTTPError" in names:
             raise HubError(f"the hub refused to list {repo_id}: {one_line(exc)[:300]}") from None

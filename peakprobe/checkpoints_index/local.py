@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from ..formatting import short_list
 from .errors import CheckpointIndexWarning, NoCheckpointsError, RevisionNameError
 from .names import parse_local_folder
 from .records import Checkpoint, CheckpointSequence
@@ -19,11 +20,6 @@ from .schedules import load_schedule
 
 CONFIG_FILE = "config.json"
 LAYOUT_HINT = "expected subfolders step<N>/, checkpoint-<N>/ or <name>-step<N>/, each a save_pretrained folder with config.json"
-
-
-def _short_list(names: list[str], limit: int = 8) -> str:
-    shown = ", ".join(sorted(names)[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def from_local(folder: str | Path) -> CheckpointSequence:
@@ -50,13 +46,13 @@ def from_local(folder: str | Path) -> CheckpointSequence:
         found.append((step, tokens, sub))
     if unnamed:
         warnings.warn(
-            f"{root}: skipped subfolders not named like checkpoints: {_short_list(unnamed)} ({LAYOUT_HINT})",
+            f"{root}: skipped subfolders not named like checkpoints: {short_list(sorted(unnamed), limit=8)} ({LAYOUT_HINT})",
             CheckpointIndexWarning,
             stacklevel=2,
         )
     if no_config:
         warnings.warn(
-            f"{root}: skipped checkpoint-named subfolders without {CONFIG_FILE}: {_short_list(no_config)}",
+            f"{root}: skipped checkpoint-named subfolders without {CONFIG_FILE}: {short_list(sorted(no_config), limit=8)}",
             CheckpointIndexWarning,
             stacklevel=2,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field, replace
 
-from ..vocab import short_list
+from ..formatting import short_list
 from .cache import cached_refs
 from .errors import CheckpointIndexWarning, OfflineError, SelectionError, UnknownRevisionError
 from .families import pythia_default_steps

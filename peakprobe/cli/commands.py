@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from peakprobe import vocab
-
+from .. import results, vocab
 from ..checkpoints_index.selection import Selection
 from ..config import (
     AttributionConfig,
@@ -23,8 +22,9 @@ from ..config import (
     ProbeConfig,
     SweepConfig,
 )
-from ..vocab import LAYOUTS, LOGIT_STD, short_list
-from .options import add_record, record_from
+from ..formatting import short_list
+from ..vocab import BETA_EFF
+from .options import DeprecatedSwitch, add_record, add_verbosity, record_from
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,10 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("loading and probing")
     add_record(g, SweepConfig, "load")
     add_record(g, ProbeConfig, "probe")
-    add_record(p.add_argument_group("attribution"), AttributionConfig, "attr")
+    g = p.add_argument_group("attribution")
+    add_record(g, AttributionConfig, "attr")
+    g.add_argument("--no-sensitivity", action=DeprecatedSwitch, dest="attr__enabled", const=False,
+                   instead="--no-attribution")
     g = p.add_argument_group("scale-out and resumption")
     g.add_argument("--processes", type=int, default=1, help="split checkpoints over N local processes")
     g.add_argument("--shard", metavar="K/N",
@@ -107,8 +110,12 @@ def sweep_status(args, outcome) -> int:
     say(args, f"{len(outcome.done)} checkpoints probed, {len(outcome.skipped)} already done, "
               f"{len(outcome.failed)} failed{busy} -> {outcome.run_dir}")
     if outcome.failed:
-        print(f"peakprobe: {len(outcome.failed)} checkpoints failed ({short_list(outcome.failed)}); "
-              f"see {outcome.run_dir / 'failures.jsonl'}", file=sys.stderr)
+        errors = {r.get("revision"): r.get("error") for r in results.read_failures(outcome.run_dir)}
+        first = outcome.failed[0]
+        why = f" {first}: {errors[first]}" if errors.get(first) else ""
+        print(f"peakprobe: {len(outcome.failed)} checkpoints failed ({short_list(outcome.failed)};{why}); "
+              f"the others are kept: re-run to retry, see {outcome.run_dir / 'failures.jsonl'}",
+              file=sys.stderr)
         return 1
     return 0
 
@@ -136,21 +143,23 @@ def _index_run(args, command):
 
 
 def _probe_add(p):
-    p.add_argument("model_dir")
-    p.add_argument("--text", default="embedded", help="text file, JSONL, or 'embedded'")
-    p.add_argument("--n-windows", type=int, default=8, help="evaluation windows (default %(default)s)")
-    p.add_argument("--window", type=int, default=None,
-                   help="tokens per window (default 1024, clamped to the model's maximum positions)")
-    p.add_argument("--layout", choices=LAYOUTS, default=LAYOUTS[0])
-    p.add_argument("--metric", default=LOGIT_STD, help="metric to sort heads by (default %(default)s)")
-    p.add_argument("--allow-pickle", action="store_true")
+    from ..probe_one import PROBE_WINDOWS
+
+    p.add_argument("model_dir", help="a save_pretrained folder (config.json, weights, tokenizer)")
+    add_record(p.add_argument_group("evaluation data"), DataConfig, "data")
+    p.set_defaults(data__n_windows=PROBE_WINDOWS)  # one checkpoint: fewer windows than a sweep
+    p.add_argument("--metric", default=BETA_EFF,
+                   help="metric to sort heads by (default %(default)s)")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="accept pickle (.bin) weights: they can run code when loaded")
 
 
 def _probe_run(args, command):
-    from ..probe_one import format_probe_table, probe_folder
+    from .. import api
+    from ..probe_one import format_probe_table
 
-    frame = probe_folder(args.model_dir, text=args.text, n_windows=args.n_windows, window=args.window,
-                         layout=args.layout, allow_pickle=args.allow_pickle)
+    frame = api.probe(args.model_dir, record_from(args, DataConfig, "data"),
+                      allow_pickle=args.allow_pickle)
     print(format_probe_table(frame, sort_by=args.metric))
     return 0
 
@@ -226,45 +235,93 @@ def _demo_run(args, command):
     return _finish(args, api.demo(args.out, quick=args.quick, progress=not args.quiet, command=command))
 
 
-TOYS = ("peaked", "linear", "planted")
 PLANTED_TASKS = ("lm_head", "attention", "lag_copy", "teacher_attention", "trained_qk", "blind_spot",
                  "trained_lm_head")
 
 
-def _toy_add(p):
+def _peaked_add(p):
+    p.add_argument("--optimizer", choices=["sgd", "adam", "both"], default="both",
+                   help="which optimizer's run (default %(default)s)")
+    p.add_argument("--steps", type=int, help="training steps (default: the toy's own)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+
+
+def _peaked_run(args, command):
+    from .. import api
+
+    toy = api.toy_peaked(args.out, optimizer=args.optimizer, steps=args.steps, seed=args.seed,
+                         progress=not args.quiet)
+    say(args, toy.text)
+    say(args, f"plots and {vocab.TOY_FILE}: {args.out}")
+    return 0
+
+
+def _linear_add(p):
     from ..toy.linear_attention import LAWS
 
-    p.add_argument("which", choices=TOYS)
-    p.add_argument("--out", required=True)
-    p.add_argument("--optimizer", choices=["sgd", "adam", "both"], default="both", help="peaked toy only")
-    p.add_argument("--steps", type=int, help="peaked / planted toy: training steps")
-    p.add_argument("--quick", action="store_true", help="linear / planted toy: a smaller run")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a smaller run")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
     p.add_argument("--law", choices=(*LAWS, "all"), default="all",
-                   help="linear toy: which scaling law to reproduce (default: all five)")
+                   help="which scaling law to reproduce (default: all five)")
+
+
+def _linear_run(args, command):
+    from .. import api
+
+    laws = None if args.law == "all" else (args.law,)
+    toy = api.toy_linear(args.out, quick=args.quick, seed=args.seed, laws=laws,
+                         progress=not args.quiet)
+    say(args, toy.text)
+    say(args, f"plots and {vocab.TOY_FILE}: {args.out}")
+    return 0
+
+
+def _planted_add(p):
     p.add_argument("--task", choices=PLANTED_TASKS, default=PLANTED_TASKS[0],
-                   help="planted toy: which softmax is the bottleneck by construction (default %(default)s)")
+                   help="which softmax is the bottleneck by construction (default %(default)s)")
+    p.add_argument("--steps", type=int, help="training steps (default: the task's own)")
+    p.add_argument("--quick", action="store_true", help="a smaller run")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
 
 
-def _toy_run(args, command):
+def _planted_run(args, command):
+    """Train, then sweep + fit + report; the verdict names a softmax."""
     from .. import api
 
     out = Path(args.out)
-    if args.which == "planted":  # train, then sweep + fit + report; the verdict names a softmax
-        result = api.planted(out, args.task, quick=args.quick, seed=args.seed, steps=args.steps,
-                             progress=not args.quiet, command=command)
-        say(args, f"planted {args.task}: checkpoints in {out / 'checkpoints'}, eval data "
-                  f"{out / 'eval.jsonl'}, run in {result.run_dir}")
-        return _finish(args, result)
-    if args.which == vocab.PEAKED:
-        toy = api.toy_peaked(out, optimizer=args.optimizer, steps=args.steps, seed=args.seed,
-                             progress=not args.quiet)
-    else:
-        laws = None if args.law == "all" else (args.law,)
-        toy = api.toy_linear(out, quick=args.quick, seed=args.seed, laws=laws, progress=not args.quiet)
-    say(args, toy.text)
-    say(args, f"plots and summary.json: {out}")
-    return 0
+    result = api.planted(out, args.task, quick=args.quick, seed=args.seed, steps=args.steps,
+                         progress=not args.quiet, command=command)
+    say(args, f"planted {args.task}: checkpoints in {out / 'checkpoints'}, eval data "
+              f"{out / 'eval.jsonl'}, run in {result.run_dir}")
+    return _finish(args, result)
+
+
+#: ``peakprobe toy NAME``: (help, example, add, run) of each toy
+TOYS: dict[str, tuple[str, str, Callable, Callable]] = {
+    "peaked": ("the peaked-softmax teacher-student toy: logit growth under SGD and Adam",
+               "peakprobe toy peaked --out toy-peaked", _peaked_add, _peaked_run),
+    "linear": ("the solvable linear self-attention toy: its scaling laws, simulated and in theory",
+               "peakprobe toy linear --out toy-linear --quick\n  peakprobe toy linear --out "
+               "toy-linear --law model", _linear_add, _linear_run),
+    "planted": ("a planted-bottleneck run: trained, swept, fitted and reported",
+                "peakprobe toy planted --task attention --out planted-attention",
+                _planted_add, _planted_run),
+}
+
+
+def _toy_add(p):
+    sub = p.add_subparsers(dest="toy", required=True, metavar="TOY")
+    for name, (text, example, add, run) in TOYS.items():
+        q = sub.add_parser(name, help=text, description=text, epilog="example:\n  " + example,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_verbosity(q)
+        q.add_argument("--out", required=True, help="output folder")
+        add(q)
+        q.set_defaults(toy_run=run)
+
+
+def _toy_run(args, command):
+    return args.toy_run(args, command)
 
 
 def _compare_add(p):
@@ -307,7 +364,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("index", "list a family's or folder's checkpoints (step, tokens, tau)",
             "peakprobe index pythia-160m --select 16\n  peakprobe index ./my-run/", _index_add, _index_run),
     Command("probe", "per-head table for one checkpoint folder",
-            "peakprobe probe ./my-run/step1000 --text eval.txt", _probe_add, _probe_run),
+            "peakprobe probe ./my-run/step1000 --data eval.txt", _probe_add, _probe_run),
     Command("sweep", "probe every selected checkpoint; write RUN/checkpoints/*.parquet",
             "peakprobe sweep pythia-70m --out runs/p70m --data eval.jsonl --tokenizer ./pythia-tok\n"
             "  peakprobe sweep ./my-run --out runs/mine --data embedded --processes 2\n"
@@ -321,7 +378,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             "peakprobe run ./my-run --out runs/mine --data eval.txt", _run_add, _run_run),
     Command("demo", "train the embedded tiny LM while probing it live, then fit and report it",
             "peakprobe demo --out peakprobe-demo", _demo_add, _demo_run),
-    Command("toy", "the source papers' toy models",
+    Command("toy", "the source papers' toy models: toy peaked, toy linear, toy planted",
             "peakprobe toy peaked --out toy-peaked\n  peakprobe toy linear --out toy-linear --quick\n"
             "  peakprobe toy linear --out toy-linear --law model\n"
             "  peakprobe toy planted --task attention --out planted-attention", _toy_add, _toy_run),

@@ -10,15 +10,14 @@ import warnings
 
 from ..vocab import PeakprobeError, PeakprobeWarning
 from .commands import COMMANDS
+from .options import add_verbosity, warn_deprecated
 
 
 def _subparser(sub, name: str) -> argparse.ArgumentParser:
     cmd = COMMANDS[name]
     p = sub.add_parser(name, help=cmd.help, description=cmd.help, epilog="example:\n  " + cmd.example,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    # -q / -v work before or after the subcommand
-    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_verbosity(p)  # -q / -v work before or after the subcommand
     cmd.add(p)
     return p
 
@@ -79,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             _route_warnings(args.verbose)
+            warn_deprecated(args)
             return COMMANDS[args.command].run(args, command)
     except KeyboardInterrupt:
         print("peakprobe: interrupted; finished checkpoints are kept, re-run to resume", file=sys.stderr)

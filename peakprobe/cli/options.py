@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 
 from ..config import ConfigError, parse_band
+from ..vocab import PeakprobeWarning
 
 
 def _int_list(text: str) -> list[int]:
@@ -96,6 +97,8 @@ def add_record(group: argparse._ActionsContainer, record: type, key: str,
             kwargs["default"] = f.default
             if meta.get("choices"):
                 kwargs["choices"] = tuple(meta["choices"])
+            else:
+                kwargs.setdefault("metavar", f.name.upper())
         group.add_argument(flag, **kwargs)
 
 
@@ -106,3 +109,33 @@ def record_from(args: argparse.Namespace, record: type, key: str, only: Iterable
     values = {f.name: getattr(args, _dest(key, f.name)) for f in cli_fields(record, only)
               if hasattr(args, _dest(key, f.name))}
     return record(**{**values, **fixed})
+
+
+def add_verbosity(p: argparse.ArgumentParser) -> None:
+    """-q / -v on a subcommand's parser, so they work after the subcommand too (the global
+    parser's own -q / -v show in its help)."""
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+class DeprecatedSwitch(argparse.Action):
+    """A switch kept for one release under its old name: it stores ``const`` in ``dest`` like the
+    new switch and leaves a note in ``args.deprecated`` (``warn_deprecated`` says it once)."""
+
+    def __init__(self, option_strings, dest, *, instead: str, const, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, const=const, help=argparse.SUPPRESS, **kwargs)
+        self.instead = instead
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const)
+        notes = list(getattr(namespace, "deprecated", []))
+        note = f"{option_string} is deprecated and will be removed; use {self.instead}"
+        namespace.deprecated = notes + ([note] if note not in notes else [])
+
+
+def warn_deprecated(args: argparse.Namespace) -> None:
+    """One warning for each deprecated option given (``DeprecatedSwitch``)."""
+    import warnings
+
+    for note in getattr(args, "deprecated", []):
+        warnings.warn(note, PeakprobeWarning, stacklevel=2)

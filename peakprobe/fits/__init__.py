@@ -4,8 +4,9 @@ numpy, scipy and pandas only (never torch). Modules: `growth` (m = c t^alpha), `
 (L = L0 + c t^-alpha), `third` (consistent / inconsistent / inconclusive against 1/3),
 `window` (time axis, fit window, excluded duplicates, loss spikes, alpha(t_min) scan),
 `classify` (peakedness, site classes, the bottleneck verdict from gains), `run` (a whole run
-directory -> fits.parquet + fits.json), `summary` (terminal text), `common` (Huber loss,
-bootstrap, one-sided p-values, Benjamini-Hochberg, flags).
+directory -> fits.parquet + fits.json), `text` (terminal text), `curve` and `curve_io`
+(external loss curves: reading them, fitting them), `common` (Huber loss, bootstrap, one-sided
+p-values, Benjamini-Hochberg, flags).
 """
 
 from .common import FitError

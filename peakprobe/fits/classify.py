@@ -54,18 +54,20 @@ Counts of heads are only ever reported after the BH control; the sensitivity
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pandas as pd
 
 from peakprobe import vocab
+from peakprobe.formatting import num, pct
 
 from .common import bh_qvalues, p_at_most, percentile_interval
 from .third import judge_third
 
 N_TOP_SITES = 10
 #: the families of gain-share tests, each under its own Benjamini-Hochberg control
-SHARE_FAMILIES = ((vocab.ATTN,), (vocab.ATTN_LAYER,), (vocab.ATTN_ALL, vocab.LM_HEAD))
+SHARE_FAMILIES = ((vocab.ATTN,), (vocab.ATTN_LAYER,), (vocab.ATTN_ALL, vocab.LM_HEAD), (vocab.ROUTER,))
 #: a gain site's share columns: the verdict's (of the loss decrease) and the one of L - L0
 SHARE_KEYS = ("share", "share_lo", "share_hi", "p_share", "share_floor", "share_floor_lo",
               "share_floor_hi")
@@ -74,6 +76,9 @@ RANKING_LIMIT = ("the gain sees only a softmax whose ranking is right and whose 
                  "too low (the 1/3 mechanism's claim); a head limited by which keys it ranks "
                  "first is outside what it measures")
 KIND_NAMES = {vocab.BOTTLENECK_ATTENTION: "attention", vocab.BOTTLENECK_LM_HEAD: "the LM head"}
+#: the terminal's numbers: three decimals, n/a when missing
+_n = partial(num, fmt=".3f", missing="n/a")
+_pct = partial(pct, fmt=".0f", missing="n/a")
 NOT_PEAKED = "no softmax is peaked: the 1/3 mechanism does not apply"
 
 
@@ -154,24 +159,16 @@ def classify(peaked: bool | None, q_growing: float, fdr: float = vocab.FDR) -> s
     return "concentrating" if (math.isfinite(q_growing) and q_growing <= fdr) else "saturated"
 
 
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.0f}%"
-
-
-def _num(v: float | None) -> str:
-    return "n/a" if v is None or not math.isfinite(v) else f"{v:.3f}"
-
-
 def describe_kind(name: str, k: dict) -> str:
     """One sentence about a kind's gain share and exponents."""
     return (
         f"{KIND_NAMES.get(name, name)}'s gain explains {_pct(k['share'])} "
         f"[{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] of {SHARE_OF} "
         f"(gain of {k['site']}; {_pct(k.get('share_floor'))} of L - L0 at the window's end); "
-        f"its gain decays as t^-{_num(k['alpha_gain'])} [{_num(k['alpha_gain_lo'])}, "
-        f"{_num(k['alpha_gain_hi'])}] -> {k['gain_verdict']}; its logit_std grows as "
-        f"t^{_num(k['alpha_growth'])} [{_num(k['alpha_growth_lo'])}, "
-        f"{_num(k['alpha_growth_hi'])}] -> {k['growth_verdict']}"
+        f"its gain decays as t^-{_n(k['alpha_gain'])} [{_n(k['alpha_gain_lo'])}, "
+        f"{_n(k['alpha_gain_hi'])}] -> {k['gain_verdict']}; its logit_std grows as "
+        f"t^{_n(k['alpha_growth'])} [{_n(k['alpha_growth_lo'])}, "
+        f"{_n(k['alpha_growth_hi'])}] -> {k['growth_verdict']}"
     )
 
 
@@ -291,11 +288,6 @@ def top_sites(sites: pd.DataFrame, n: int = N_TOP_SITES) -> list[dict]:
         {"site_kind": str(r["site_kind"]), "layer": int(r["layer"]), "head": int(r["head"]),
          "label": str(r["label"]), "peaked": None if pd.isna(r["peaked"]) else bool(r["peaked"]),
          "site_class": str(r["site_class"]), "gain_verdict": str(r["gain_verdict"]),
-         **{k: _finite(r[k]) for k in keys}}
+         **{k: float(r[k]) for k in keys}}
         for _, r in order.head(n).iterrows()
     ]
-
-
-def _finite(v: float | None) -> float | None:
-    return float(v) if v is not None and math.isfinite(v) else None
-

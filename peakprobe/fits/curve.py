@@ -38,11 +38,12 @@ from scipy.optimize import OptimizeWarning, curve_fit
 from peakprobe.checkpoints_index import pythia_schedule
 from peakprobe.checkpoints_index.families import pythia_parameters, pythia_size
 
+from ..config import check_band
 from ..vocab import BAND
 from .common import FitError
 from .curve_io import Curve, CurveError
 from .loss import ALPHA_MAX, LossFit, fit_loss_law
-from .third import check_band, judge_third
+from .third import judge_third
 
 DEFAULT_T_MIN_STEP = 512
 SCAN_STARTS = 8

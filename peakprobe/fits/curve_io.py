@@ -114,7 +114,8 @@ def read_curve(path: str | os.PathLike, *, metric: str | None = None, task: str 
     return Curve(table=table, metric=metric, kind=kind, source=str(path), task=task, flags=flags)
 
 
-def _read_table(path: Path, metric: str | None) -> tuple[pd.DataFrame, str]:
+def _parse_file(path: Path) -> pd.DataFrame:
+    """The rows of a CSV / TSV / JSON / JSONL curve file, as they are; one-line errors."""
     suffix = path.suffix.lower()
     try:
         if suffix in (".csv", ".tsv", ".txt"):
@@ -138,6 +139,12 @@ def _read_table(path: Path, metric: str | None) -> tuple[pd.DataFrame, str]:
         raise CurveError(f"{path}: cannot parse ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     if df.empty:
         raise CurveError(f"{path}: no rows")
+    return df
+
+
+def _read_table(path: Path, metric: str | None) -> tuple[pd.DataFrame, str]:
+    """(model, step, value, tau, n_params) rows of one metric of a curve file, and the metric."""
+    df = _parse_file(path)
     df.columns = [str(c).strip() for c in df.columns]
     if {"metric", "value"} <= set(df.columns):  # long form: pick one metric
         names = list(dict.fromkeys(df["metric"].astype(str)))

@@ -346,7 +346,7 @@ def _sites(site_keys: list[tuple], at_last: dict, available: set[str], late_of: 
     sites["q_growing"] = bh_qvalues(sites["p_growing"].to_numpy(dtype=float))
     sites["q_share"] = classify.share_qvalues(sites)
     sites["site_class"] = [
-        classify.classify(p, q) if k in (vocab.ATTN, vocab.LM_HEAD) and math.isfinite(a) else ""
+        classify.classify(p, q) if k in vocab.CLASSIFIED_KINDS and math.isfinite(a) else ""
         for k, p, q, a in zip(sites["site_kind"], sites["peaked"], sites["q_growing"],
                               sites["alpha_late"], strict=True)
     ]

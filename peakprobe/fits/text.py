@@ -4,25 +4,23 @@ its interval, the band and the window, and the fits that were skipped and why.""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from peakprobe import vocab
+from peakprobe.formatting import num, pct
 
 from .run import RunFits
 
+#: the terminal's numbers: three decimals (or ``fmt``), n/a when missing
+_n = partial(num, fmt=".3f", missing="n/a")
+_pct = partial(pct, fmt=".0f", missing="n/a")
+
 KIND_LABELS = {vocab.BOTTLENECK_ATTENTION: "attention", vocab.BOTTLENECK_LM_HEAD: "LM head"}
-
-
-def _num(v: float | None, fmt: str = ".3f") -> str:
-    return "n/a" if v is None or not math.isfinite(v) else format(v, fmt)
 
 
 def _t(v: float) -> str:
     """A time for a window: whole numbers from 100 up, three significant digits below."""
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
-
-
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.0f}%"
 
 
 def _pct_ci(lo: float | None, hi: float | None) -> str:
@@ -56,8 +54,8 @@ def format_fits(run_fits: RunFits, n_sites: int = 5) -> str:
             lines.append("loss: no LM-head loss in the results")
     else:
         lines.append(
-            f"loss: L = {_num(loss.L0, '.2f')} + {_num(loss.c, '#.3g')} t^-{_num(loss.alpha)}; "
-            f"alpha {_num(loss.alpha)} [{_num(loss.alpha_lo)}, {_num(loss.alpha_hi)}] "
+            f"loss: L = {_n(loss.L0, fmt='.2f')} + {_n(loss.c, fmt='#.3g')} t^-{_n(loss.alpha)}; "
+            f"alpha {_n(loss.alpha)} [{_n(loss.alpha_lo)}, {_n(loss.alpha_hi)}] "
             f"({100 * vocab.CI_LEVEL:.0f}% CI) -> {doc['loss']['verdict']} ({band}; {where})"
         )
         scan = doc["loss_scan"]["rows"]
@@ -79,9 +77,9 @@ def format_fits(run_fits: RunFits, n_sites: int = 5) -> str:
             f"[{_pct(k['share_lo'])}, {_pct(k['share_hi'])}] of the loss decrease "
             f"({_pct(k.get('share_floor'))} of L - L0 at the end; gain of {k['site']}); "
             "gain alpha "
-            f"{_num(k['alpha_gain'])} [{_num(k['alpha_gain_lo'])}, {_num(k['alpha_gain_hi'])}] "
-            f"-> {k['gain_verdict']}; growth alpha {_num(k['alpha_growth'])} "
-            f"[{_num(k['alpha_growth_lo'])}, {_num(k['alpha_growth_hi'])}] -> "
+            f"{_n(k['alpha_gain'])} [{_n(k['alpha_gain_lo'])}, {_n(k['alpha_gain_hi'])}] "
+            f"-> {k['gain_verdict']}; growth alpha {_n(k['alpha_growth'])} "
+            f"[{_n(k['alpha_growth_lo'])}, {_n(k['alpha_growth_hi'])}] -> "
             f"{k['growth_verdict']} ({band})"
         )
     lines.append(
@@ -97,8 +95,8 @@ def format_fits(run_fits: RunFits, n_sites: int = 5) -> str:
             q = "n/a" if s["q_share"] is None else f"{s['q_share']:.2f}"
             lines.append(f"  {s['label']:<16} share {_pct(s['share'])} "
                          f"{_pct_ci(s['share_lo'], s['share_hi'])} q {q}  gain alpha "
-                         f"{_num(s['alpha_gain'])}  alpha {_num(s['alpha_late'])}  "
-                         f"sensitivity {_num(s['sensitivity'], '.4g')}")
+                         f"{_n(s['alpha_gain'])}  alpha {_n(s['alpha_late'])}  "
+                         f"sensitivity {_n(s['sensitivity'], fmt='.4g')}")
     if doc["flags"]:
         lines.append("flags: " + ", ".join(doc["flags"]))
     return "\n".join(lines)

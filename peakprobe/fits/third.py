@@ -17,7 +17,7 @@ import math
 from ..config import check_band
 from ..vocab import BAND, CONSISTENT, INCONCLUSIVE, INCONSISTENT, THIRD
 
-__all__ = ["check_band", "judge_third"]
+__all__ = ["judge_third"]
 
 
 def judge_third(lo: float | None, hi: float | None, band: tuple[float, float] = BAND) -> str:

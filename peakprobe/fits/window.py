@@ -22,7 +22,6 @@ does not overlap the full window's.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -168,10 +167,7 @@ def loss_scan(t: np.ndarray, loss: np.ndarray, steps: np.ndarray, full: LossFit,
     table = window_scan("", t, loss, steps, (full.alpha_lo, full.alpha_hi),
                         n_boot=min(n_boot, SCAN_BOOT), seed=seed, band=band)
     rows = [{"t_min": float(r.t_min), "step_min": int(r.t_min_step), "n_points": int(r.n_points),
-             "alpha": _num(r.alpha), "alpha_lo": _num(r.alpha_lo), "alpha_hi": _num(r.alpha_hi),
+             "alpha": float(r.alpha), "alpha_lo": float(r.alpha_lo), "alpha_hi": float(r.alpha_hi),
              "verdict": str(r.verdict), "drift": bool(r.drift)} for r in table.itertuples()]
     return {"drift": any(r["drift"] for r in rows), "rows": rows}
 
-
-def _num(v: float) -> float | None:
-    return float(v) if v is not None and math.isfinite(v) else None

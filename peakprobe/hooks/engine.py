@@ -11,16 +11,17 @@ Paths for attention:
   mask the ranges cannot express is counted on the device and checked once per batch
   (``check_ranges``), and the batch is then probed again on the torch path;
 * the torch path (``probes.attention``), the exact reference, backend "torch", and "auto" on
-  CPU; "compile" fuses its block passes with ``torch.compile``; ``fused`` also returns the
-  attention output from the same exponentials.
+  CPU; ``fused`` also returns the attention output from the same exponentials.
 
-The LM head reduces the model's own logits block by block (never a float copy of the whole
-logits tensor) and keeps the batch's loss on the device until it is asked for.
+A mixture-of-experts router's logits (tokens, experts) are reduced in one block per call
+(``probes.router``). The LM head: on the kernel path one Triton pass over the model's own
+logits in their dtype (``probes.triton_lm_head``); on the torch path block by block (never a
+float copy of the whole logits tensor). Either keeps the batch's loss on the device until it
+is asked for.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import torch
@@ -34,8 +35,11 @@ from ..probes import (
     attention_forward_with_sums,
     attention_head_sums,
 )
+from ..probes.geometry import geometry_sums, geometry_values
 from ..probes.ranges import key_ranges, ranges_mask, ranges_supported
-from ..probes.rows import block_sums, finish, target_logit
+from ..probes.roles import role_sums
+from ..probes.router import router_row_stats
+from ..probes.rows import RowStats, block_sums, finish, target_logit
 from ..probes.sums import Sums
 from ..probes.workspace import Workspace
 from .routing import UnsupportedModelError
@@ -73,18 +77,10 @@ def triton_available() -> bool:
 
 def resolve_backend(backend: str, like: torch.Tensor) -> str:
     """The path a call on ``like``'s device takes: "auto" is the Triton kernel on CUDA when
-    triton is installed and the torch path elsewhere (never "compile": it recompiles per shape
-    and needs a C++ compiler on CPU)."""
+    triton is installed and the torch path elsewhere."""
     if backend != "auto":
         return backend
     return "triton" if like.is_cuda and triton_available() else "torch"
-
-
-def _check_compile(dtype: torch.dtype) -> None:
-    """Backend "compile": build the fused reductions now, so a missing compiler is one
-    ``CompileError`` before anything runs, not a failure at every checkpoint."""
-    with torch.no_grad():  # as the probes run (grad mode is part of what is compiled)
-        block_sums(torch.zeros(2, 2, 4, dtype=dtype), compiled=True)
 
 
 def lm_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -101,6 +97,20 @@ def lm_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
     return mask, target
 
 
+def _lm_head_factors(stats: RowStats, keys: Sums, hidden: torch.Tensor | None, dtype: torch.dtype) -> None:
+    """Add the LM head's growth factors to its per-position ``stats``: log Z from the softmax
+    sums, and the norm of the ``hidden`` states (B, T, D) the head read, where given."""
+    okf = stats.weight[vocab.ENTROPY]  # (B, T) 1 on kept rows
+    zero = torch.zeros((), dtype=okf.dtype, device=okf.device)
+    lse = keys.m + keys.s.clamp(min=1e-300).log()  # (B, T) log Z
+    stats.values[vocab.LOG_Z] = torch.where(okf > 0, lse.to(okf.dtype), zero)
+    stats.weight[vocab.LOG_Z] = okf
+    if hidden is not None and tuple(hidden.shape[:2]) == tuple(okf.shape):
+        norm = hidden.detach().to(dtype).norm(dim=-1).to(okf.dtype).to(okf.device)
+        stats.values[vocab.HIDDEN_NORM] = torch.where(okf > 0, norm, zero)
+        stats.weight[vocab.HIDDEN_NORM] = okf
+
+
 class SiteStats:
     """Accumulates the statistics of every softmax call handed to it (``attention``,
     ``lm_head``), on the path ``config`` asks for."""
@@ -110,13 +120,14 @@ class SiteStats:
         self.accumulator = Accumulator()
         self.work = Workspace()  # block-sized scratch, reused from block to block
         self.dtype = STATS_DTYPES[config.dtype]
-        self.compiled = config.backend == "compile"
-        if self.compiled:
-            _check_compile(self.dtype)
         if config.backend == "triton" and not triton_available():
             raise UnsupportedModelError("backend 'triton' needs the triton package (pip install triton)")
         self._broken: list[torch.Tensor] = []  # per kernel call: rows its ranges misrepresent
         self._loss: list[torch.Tensor] = []  # per LM-head call: (sum, count) on the device
+        #: set while the diagnostic batch runs (``interface.Probe.run_roles``): (R, T) role targets
+        self.role_targets: torch.Tensor | None = None
+        self.role_parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (H, R) x 2
+        self.geometry_parts: dict[int, tuple[torch.Tensor, float]] = {}  # layer -> (H, S), scaling
 
     # -- attention ---------------------------------------------------------------------------
     def _kernel(self, query, key, spec: MaskSpec, kw: dict) -> bool:
@@ -138,6 +149,10 @@ class SiteStats:
         ``config.fused``) returns the attention output (B, Tq, H, Dv) computed from the probe's
         own scores, else None."""
         query, key = query.detach(), key.detach()
+        if self.role_targets is not None:  # the diagnostic batch: role scores only
+            self._roles(layer, query, key, spec, scaling, softcap, sinks, position_bias)
+            return None
+        self._geometry(layer, query, key, spec, scaling, row_valid, doc_start)
         b, h, tq, _ = query.shape
         tk = key.shape[2]
         kw = {"scaling": scaling, "softcap": softcap, "sinks": sinks, "position_bias": position_bias}
@@ -158,10 +173,60 @@ class SiteStats:
         if want_output and self.config.fused and value is not None and not torch.is_grad_enabled():
             out, site = attention_forward_with_sums(query, key, value.detach(), **torch_kw)
         else:
-            sums = functools.partial(attention_head_sums, compiled=True) if self.compiled else attention_head_sums
-            site = sums(query, key, **torch_kw)
+            site = attention_head_sums(query, key, **torch_kw)
         self.accumulator.add(SiteGroup(vocab.ATTN, layer), site)
         return out
+
+    def _roles(self, layer, query, key, spec, scaling, softcap, sinks, position_bias) -> None:
+        """Add one attention call's role sums (torch path whatever the backend: the diagnostic
+        batch is small)."""
+        sums, counts = role_sums(query, key, self.role_targets, spec=spec, scaling=scaling,
+                                 softcap=softcap, sinks=sinks, position_bias=position_bias,
+                                 chunk=block_rows(self.config.chunk, query, key), dtype=self.dtype)
+        old = self.role_parts.get(layer)
+        self.role_parts[layer] = (sums, counts) if old is None else (old[0] + sums, old[1] + counts)
+
+    def _geometry(self, layer, query, key, spec, scaling, row_valid, doc_start) -> None:
+        """Add one call's query-key geometry sums (``probes.geometry``; torch, whatever the
+        statistics path)."""
+        if doc_start is not None:
+            b, _, tq, _ = query.shape
+            spec = MaskSpec(mask=ranges_mask(key_ranges(spec, b, tq, key.shape[2], query.device, doc_start),
+                                             key.shape[2]))
+        sums = geometry_sums(query, key, spec=spec, row_valid=row_valid,
+                             chunk=block_rows(self.config.chunk, query, key), dtype=self.dtype)
+        old = self.geometry_parts.get(layer)
+        self.geometry_parts[layer] = (sums if old is None else old[0] + sums.to(old[0].device), scaling)
+
+    def snapshot(self) -> tuple:
+        """What the statistics hold now (the geometry sums' tensors are replaced, never changed
+        in place, so a shallow copy of their table is enough), for ``restore``."""
+        return self.accumulator.copy(), dict(self.geometry_parts)
+
+    def restore(self, snapshot: tuple) -> None:
+        """Forget everything added since ``snapshot`` was taken."""
+        accumulator, parts = snapshot
+        self.accumulator, self.geometry_parts = accumulator, dict(parts)
+
+    def geometry_rows(self) -> list[tuple]:
+        """(site_kind, layer, head, metric, value, n_rows) of every head's geometry."""
+        rows = []
+        for layer, (sums, scaling) in sorted(self.geometry_parts.items()):
+            for name, (v, n) in geometry_values(sums, scaling).items():
+                for head, (x, c) in enumerate(zip(v.cpu().tolist(), n.cpu().tolist(), strict=True)):
+                    rows.append((vocab.ATTN, layer, head, name, x, int(c)))
+        return rows
+
+    def role_rows(self) -> list[tuple]:
+        """(site_kind, layer, head, metric, value, n_rows) of every role score measured."""
+        rows = []
+        for layer, (sums, counts) in sorted(self.role_parts.items()):
+            s, c = sums.cpu().tolist(), counts.cpu().tolist()
+            for head in range(len(s)):
+                for j, name in enumerate(vocab.ROLE_METRICS):
+                    n = c[head][j]
+                    rows.append((vocab.ATTN, layer, head, name, s[head][j] / n if n else float("nan"), int(n)))
+        return rows
 
     def ranges_broken(self) -> int:
         """Rows, since the last call, whose mask the kernel's key ranges could not express (one
@@ -173,10 +238,38 @@ class SiteStats:
         return n
 
     # -- the LM head ---------------------------------------------------------------------------
-    def lm_head(self, logits: torch.Tensor, kept: torch.Tensor, target: torch.Tensor) -> None:
+    def _lm_kernel(self, logits: torch.Tensor) -> bool:
+        if resolve_backend(self.config.backend, logits) != "triton":
+            return False
+        from ..probes.triton_lm_head import lm_head_supported
+
+        return lm_head_supported(logits, self.dtype)
+
+    def lm_head(self, logits: torch.Tensor, kept: torch.Tensor, target: torch.Tensor,
+                hidden: torch.Tensor | None = None) -> None:
         """Add the LM head's statistics of ``logits`` (B, T, V) over the kept positions (B, T)
-        against the next-token ``target`` (B, T; -1 none), block by block in the statistics
-        dtype; the batch's loss sum and count stay on the device (``loss``)."""
+        against the next-token ``target`` (B, T; -1 none): on the kernel path from one pass
+        over the logits in their own dtype (``probes.triton_lm_head``), else block by block in
+        the statistics dtype, with the mean log Z and, given the ``hidden`` states (B, T, D) the LM
+        head read, their mean norm; the batch's loss sum and count stay on the device."""
+        v = logits.shape[-1]
+        target = target.to(logits.device)
+        with torch.no_grad():
+            if self._lm_kernel(logits):
+                from ..probes.triton_lm_head import lm_head_sums
+
+                keys, zt = lm_head_sums(logits.detach(), target)
+            else:
+                keys, zt = self._lm_head_blocks(logits, target)
+            stats = finish(keys, kept.to(logits.device), target_logit=zt, n_max=v)
+            _lm_head_factors(stats, keys, hidden, self.dtype)
+            self.accumulator.add_rows(SiteGroup(vocab.LM_HEAD, -1), stats, head_dim=None)
+            w = stats.weight[vocab.LOSS]
+            self._loss.append(torch.stack([(stats.values[vocab.LOSS] * w).sum(), w.sum()]))
+
+    def _lm_head_blocks(self, logits: torch.Tensor, target: torch.Tensor) -> tuple[Sums, torch.Tensor]:
+        """The torch path's (``Sums`` (B, T), target logit (B, T)): block by block of positions,
+        each a copy of the logits in the statistics dtype."""
         b, t, v = logits.shape
         # Positions per block: at most lm_chunk, and few enough that one (B, C, V) temporary
         # stays within the block budget whatever the vocabulary (the size of the attention
@@ -185,19 +278,38 @@ class SiteStats:
         step = max(1, min(self.config.lm_chunk, budget // max(1, b * v)))
         parts: list[Sums] = []  # per block of positions: (B, C) sums over the vocabulary
         targets = []
-        target = target.to(logits.device)
+        valid = torch.ones(1, 1, v, dtype=torch.bool, device=logits.device)
+        for t0 in range(0, t, step):
+            z = logits[:, t0 : t0 + step].detach().to(self.dtype)  # (B, C, V)
+            parts.append(block_sums(z, work=self.work))
+            targets.append(target_logit(z, valid, target[:, t0 : t0 + step]))
+        # every position's statistics at once: few large per-row operations, not many small
+        keys = Sums(*(torch.cat([getattr(p, f) for p in parts], 1) for f in Sums.__dataclass_fields__))
+        return keys, torch.cat(targets, 1)
+
+    def end_batch(self) -> tuple[int, float]:
+        """(rows whose mask the kernel's key ranges misread, the mean next-token loss) of the
+        calls since the last call, from one device-to-host copy (NaN loss without an LM-head
+        call)."""
+        if not self._broken and not self._loss:
+            return 0, float("nan")
+        like = (self._loss or self._broken)[0]
+        broken = (torch.stack([x.to(like.device) for x in self._broken]).sum().to(torch.float64).view(1)
+                  if self._broken else torch.zeros(1, dtype=torch.float64, device=like.device))
+        loss = (torch.stack(self._loss).sum(0).to(torch.float64) if self._loss
+                else torch.zeros(2, dtype=torch.float64, device=like.device))
+        n_broken, total, n = torch.cat([broken, loss.to(broken.device)]).tolist()
+        self._broken.clear()
+        self._loss.clear()
+        return int(n_broken), (total / n if n else float("nan"))
+
+    # -- MoE routers ----------------------------------------------------------------------------
+    def router(self, layer: int, logits: torch.Tensor, kept: torch.Tensor, top_k: int) -> None:
+        """Add router ``layer``'s statistics of ``logits`` (N tokens, E experts) over the ``kept``
+        (N,) tokens, with its top-k (reduced in the statistics dtype; E is small)."""
         with torch.no_grad():
-            valid = torch.ones(1, 1, v, dtype=torch.bool, device=logits.device)
-            for t0 in range(0, t, step):
-                z = logits[:, t0 : t0 + step].detach().to(self.dtype)  # (B, C, V)
-                parts.append(block_sums(z, compiled=self.compiled, work=self.work))
-                targets.append(target_logit(z, valid, target[:, t0 : t0 + step]))
-            # every position's statistics at once: few large per-row operations, not many small
-            keys = Sums(*(torch.cat([getattr(p, f) for p in parts], 1) for f in Sums.__dataclass_fields__))
-            stats = finish(keys, kept.to(logits.device), target_logit=torch.cat(targets, 1), n_max=v)
-            self.accumulator.add_rows(SiteGroup(vocab.LM_HEAD, -1), stats, head_dim=None)
-            w = stats.weight[vocab.LOSS]
-            self._loss.append(torch.stack([(stats.values[vocab.LOSS] * w).sum(), w.sum()]))
+            stats, load = router_row_stats(logits, kept, top_k, self.dtype)
+            self.accumulator.add_rows(SiteGroup(vocab.ROUTER, layer), stats, head_dim=None, load=load)
 
     def loss(self) -> float:
         """The mean next-token loss of the LM-head calls since the last call (NaN without one;

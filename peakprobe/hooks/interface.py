@@ -8,8 +8,9 @@ model's original attention function, so the model's outputs are unchanged (with
 ``ProbeConfig(fused=True)`` the output is computed from the probe's own scores instead: QK^T
 once, outputs within float rounding of eager attention). The LM head is read from the model's
 returned logits (exactly what its softmax sees, final softcapping included) by a forward hook on
-the model. Packed documents are probed per document: with ``position_ids`` restarting at 0 the
-model builds their block-diagonal mask itself, flash attention's ``cu_seq_lens`` become each
+the model; a mixture-of-experts model's routers by forward hooks on the router modules
+transformers itself records router logits from (``moe``). Packed documents are probed per
+document: with ``position_ids`` restarting at 0 the model builds their block-diagonal mask itself, flash attention's ``cu_seq_lens`` become each
 row's document start, and the LM head has no target across a document boundary. ``attach`` undoes all of it on exit.
 """
 
@@ -22,10 +23,13 @@ from dataclasses import replace
 import pandas as pd
 import torch
 
+from .. import vocab
 from ..config import ProbeConfig
 from ..probes import MaskSpec
 from ..probes.ranges import cu_seq_starts
+from ..probes.roles import diagnostic_batch, role_targets
 from .engine import SiteStats, lm_targets, resolve_backend
+from .moe import hook_routers
 from .routing import UnsupportedModelError, call_original, original_attention, route_attention
 
 
@@ -77,6 +81,8 @@ class Probe:
         self._attention_mask: torch.Tensor | None = None
         self._position_ids: torch.Tensor | None = None
         self.n_attention_calls = 0
+        self._roles_only = False  # the diagnostic batch runs: attention role scores alone
+        self._hidden: torch.Tensor | None = None  # the final hidden states the LM head read
 
     @property
     def accumulator(self):
@@ -112,13 +118,29 @@ class Probe:
             return out, None
         return call_original(self._delegate, module, type(module), query, key, value, attention_mask, **kwargs)
 
+    def _router(self, layer: int, logits: torch.Tensor, top_k: int) -> None:
+        if self._roles_only:
+            return
+        am = self._attention_mask
+        if am is not None and am.numel() == logits.shape[0]:
+            kept = am.reshape(-1).bool()  # routers see the batch's tokens flattened (B * T, E)
+        else:
+            kept = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
+        self.stats.router(layer, logits, kept, top_k)
+
     def _lm_head(self, module, args, kwargs, output) -> None:
+        if self._roles_only:
+            return
         logits = getattr(output, "logits", None)
         ids = self._input_ids
         if logits is None or ids is None or logits.shape[1] != ids.shape[1]:
             return
         kept, target = lm_targets(ids, self._attention_mask, self._position_ids)
-        self.stats.lm_head(logits, kept, target)
+        hidden, self._hidden = self._hidden, None
+        self.stats.lm_head(logits, kept, target, hidden)
+
+    def _lm_input(self, module, args) -> None:
+        self._hidden = args[0] if args and isinstance(args[0], torch.Tensor) else None
 
     # -- public --------------------------------------------------------------------------
     def run_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -136,19 +158,47 @@ class Probe:
             inputs["position_ids"] = position_ids.to(device)
         # only the kernel path can misread a mask: keep what to return to for it alone
         kernel = resolve_backend(self.config.backend, inputs["input_ids"]) == "triton"
-        before = self.stats.accumulator.copy() if kernel else None
+        before = self.stats.snapshot() if kernel else None
         with torch.no_grad():
             self.model(**inputs)
-        if kernel and self.stats.ranges_broken():  # a mask the kernel's ranges misread: the torch path
-            self.stats.accumulator = before
-            self.stats.loss()
+        broken, loss = self.stats.end_batch()  # the batch's one device-to-host copy
+        if kernel and broken:  # a mask the kernel's ranges misread: the torch path
+            self.stats.restore(before)
             self.stats.config = replace(self.config, backend="torch")
             try:
                 with torch.no_grad():
                     self.model(**inputs)
             finally:
                 self.stats.config = self.config
-        return self.stats.loss()  # computed block by block by the LM-head hook
+            _, loss = self.stats.end_batch()
+        return loss  # computed block by block by the LM-head hook
+
+    def run_roles(self, ids: torch.Tensor | None = None, period: int | None = None) -> None:
+        """Run the diagnostic batch (``probes.roles.diagnostic_batch`` for this model's vocabulary
+        and positions, or ``ids`` of period ``period``) and add every head's role scores
+        (``vocab.ROLE_METRICS``); nothing else is counted from it."""
+        if ids is None:
+            cfg = self.model.config
+            size = self.model.get_output_embeddings().weight.shape[0]
+            max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+            ids, period = diagnostic_batch(size, max_pos)
+        device = next(self.model.parameters()).device
+        self.stats.role_targets = role_targets(ids.shape[1], int(period), device)
+        self._roles_only = True
+        try:
+            with torch.no_grad():
+                self.model(input_ids=ids.to(device), use_cache=False)
+        finally:
+            self._roles_only = False
+            self.stats.role_targets = None
+
+    def _unembed_rows(self, frame: pd.DataFrame) -> list[tuple]:
+        """The LM head's mean unembedding row norm (a weight figure, n_rows = V)."""
+        if self.model is None or not (frame["site_kind"] == vocab.LM_HEAD).any():
+            return []
+        w = self.model.get_output_embeddings().weight.detach()  # (V, D)
+        norm = float(w.to(torch.float64).norm(dim=-1).mean())
+        return [(vocab.LM_HEAD, -1, -1, vocab.UNEMBED_NORM, norm, int(w.shape[0]))]
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy per-site values: site_kind, layer, head, metric, value, n_rows."""
@@ -156,7 +206,13 @@ class Probe:
             raise UnsupportedModelError(
                 "an attention mask the Triton kernel's key ranges cannot express reached it outside "
                 "run_batch; probe with backend='torch'")
-        return self.accumulator.to_frame().reset_index(drop=True)
+        frame = self.accumulator.to_frame()
+        roles = self.stats.role_rows() + self.stats.geometry_rows() + self._unembed_rows(frame)
+        if roles:
+            extra = pd.DataFrame(roles, columns=list(frame.columns))
+            frame = pd.concat([frame, extra], ignore_index=True).sort_values(
+                ["site_kind", "layer", "head", "metric"], kind="stable")
+        return frame.reset_index(drop=True)
 
 
 def _check_supported(model: torch.nn.Module) -> None:
@@ -164,7 +220,7 @@ def _check_supported(model: torch.nn.Module) -> None:
     if not getattr(model, "_supports_attention_backend", False):
         raise UnsupportedModelError(
             f"{name} does not route its attention through transformers' AttentionInterface; "
-            "peakprobe cannot see its softmaxes (probe it with peakprobe.integrations.probe_sdpa "
+            "peakprobe cannot see its softmaxes (probe it with peakprobe.integrations.attach_sdpa "
             "if it calls torch.nn.functional.scaled_dot_product_attention)"
         )
     if model.get_output_embeddings() is None:
@@ -184,9 +240,10 @@ def attach(model: torch.nn.Module, config: ProbeConfig | None = None) -> Iterato
     probe = Probe(model, config, original_attention(model))
     handles = []
     try:
-        with route_attention(model, probe._attention):
+        with route_attention(model, probe._attention), hook_routers(model, probe._router):
             handles.append(model.register_forward_pre_hook(probe._capture_inputs, with_kwargs=True))
             handles.append(model.register_forward_hook(probe._lm_head, with_kwargs=True))
+            handles.append(model.get_output_embeddings().register_forward_pre_hook(probe._lm_input))
             yield probe
             if probe.n_attention_calls == 0 and probe.accumulator.groups():
                 raise UnsupportedModelError(

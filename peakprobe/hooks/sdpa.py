@@ -1,7 +1,7 @@
 """Probing any PyTorch model whose attention calls ``F.scaled_dot_product_attention``.
 
 nanoGPT, litgpt, torchtitan's sdpa path and OLMo-core's torch backend compute attention with
-``torch.nn.functional.scaled_dot_product_attention``. ``probe_sdpa(model)`` sees every such call
+``torch.nn.functional.scaled_dot_product_attention``. ``attach_sdpa(model)`` sees every such call
 inside the model's forward through a ``TorchFunctionMode``: its query, key, mask, causal flag,
 scale and grouped-query heads, exactly as the softmax gets them. Sites are numbered by call
 order within one forward (site k is the k-th attention call: the k-th layer for the usual
@@ -61,7 +61,7 @@ def sdpa_mask(attn_mask: torch.Tensor | None, is_causal: bool) -> MaskSpec:
 
 
 class SdpaProbe(TorchFunctionMode):
-    """Accumulates the statistics of every sdpa call of one model. Use through ``probe_sdpa``."""
+    """Accumulates the statistics of every sdpa call of one model. Use through ``attach_sdpa``."""
 
     def __init__(self, model: torch.nn.Module, config: ProbeConfig):
         super().__init__()
@@ -162,14 +162,20 @@ class SdpaProbe(TorchFunctionMode):
         if self.stats.ranges_broken():
             raise UnsupportedModelError("an attention mask the Triton kernel's key ranges cannot "
                                         "express reached it; probe with backend='torch'")
-        return self.accumulator.to_frame().reset_index(drop=True)
+        frame = self.accumulator.to_frame()
+        extra = self.stats.geometry_rows()  # the heads' query-key geometry
+        if extra:
+            frame = pd.concat([frame, pd.DataFrame(extra, columns=list(frame.columns))],
+                              ignore_index=True).sort_values(["site_kind", "layer", "head", "metric"],
+                                                             kind="stable")
+        return frame.reset_index(drop=True)
 
 
 _UNPROBED = _unprobed_functions()
 
 
 @contextmanager
-def probe_sdpa(model: torch.nn.Module, config: ProbeConfig | None = None) -> Iterator[SdpaProbe]:
+def attach_sdpa(model: torch.nn.Module, config: ProbeConfig | None = None) -> Iterator[SdpaProbe]:
     """Probe ``model``'s sdpa attention inside the ``with`` block: ``probe.run_batch(ids)`` (or
     ``with probe.forward(): logits = model(ids)`` then ``probe.lm_head(logits, ids)``). Module
     hooks that name the sites are removed on exit, also when the block raises."""

@@ -1,5 +1,5 @@
 """Live probing during training: a framework-free :class:`Monitor`, an HF Trainer callback,
-and ``probe_sdpa`` for any PyTorch model whose attention calls F.scaled_dot_product_attention.
+and ``attach_sdpa`` for any PyTorch model whose attention calls F.scaled_dot_product_attention.
 
 The Monitor and the callback write the run directory a sweep writes (``checkpoints/step<N>.parquet`` + manifest), so
 ``peakprobe fit`` / ``peakprobe report`` work on a run still in progress (docs/monitor.md).
@@ -8,7 +8,7 @@ The Monitor and the callback write the run directory a sweep writes (``checkpoin
 
 from __future__ import annotations
 
-from ..hooks.sdpa import probe_sdpa
+from ..hooks.sdpa import attach_sdpa
 from .monitor import (
     Monitor,
     MonitorError,
@@ -28,7 +28,7 @@ __all__ = [
     "live_config",
     "planned_steps",
     "live_scalars",
-    "probe_sdpa",
+    "attach_sdpa",
     "training_state_preserved",
 ]
 

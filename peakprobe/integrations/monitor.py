@@ -28,11 +28,8 @@ the maximum seen so far) means a tau written early never changes later. The per-
 learning rates go to ``RUN/monitor.json`` (``vocab.MONITOR_FILE``), which also lets a resumed run
 continue the sum.
 
-Several processes (DDP, accelerate): only rank 0 probes and writes; the replicas hold identical
-weights after every update, so probing one of them gives the numbers of the saved model bit for
-bit and needs no collective call (which would hang if the ranks' schedules ever diverged). The
-other ranks simply wait at their next gradient all-reduce. Models sharded across ranks (FSDP,
-ZeRO-3) are not supported: their forward needs every rank.
+Under ``torch.distributed`` (DDP, FSDP2, tensor parallel) every rank probes its share of the
+windows and the ranks merge (``integrations.distributed``); rank 0 alone writes and logs.
 """
 
 from __future__ import annotations
@@ -59,8 +56,18 @@ from ..checkpoint import DTYPES, probe_model, tidy_frame, uses_attention_interfa
 from ..checkpoints_index import Checkpoint, CheckpointSequence, schedule_from_json
 from ..config import AttributionConfig, ProbeConfig, SweepConfig
 from ..data import EvalData
-from ..hooks import CompileError, UnsupportedModelError
-from ..sweep import SweepOutcome, build_manifest, prepare_run_dir
+from ..hooks import UnsupportedModelError
+from ..sweep import SweepOutcome, build_manifest, heal, move_aside, prepare_run_dir
+from .distributed import (
+    DEFAULT_TIMEOUT,
+    GAINS_SKIPPED,
+    DistributedProbeError,
+    Layout,
+    RankFailed,
+    layout_of,
+    probe_ranks,
+    unwrap,
+)
 from .scalars import alarms, live_scalars
 
 logger = logging.getLogger("peakprobe.monitor")
@@ -190,7 +197,8 @@ class Monitor:
     ``schedule`` (a schedule.json record) only describes the run in the manifest (the fits
     start their window after its ``warmup_steps``); tau always comes from the recorded rates.
     ``logit_max_alarm``: the largest attention logit that raises an alarm naming the head
-    (default ``vocab.LOGIT_MAX_ALARM``, 100; None: none).
+    (default ``vocab.LOGIT_MAX_ALARM``, 100; None: none). Under ``torch.distributed`` call
+    ``step`` on every rank; ``timeout``: seconds the merge waits for the other ranks.
 
     Any PyTorch model whose attention calls ``F.scaled_dot_product_attention`` (nanoGPT, litgpt,
     OLMo-core, torchtitan's sdpa path) is probed through those calls (``hooks.sdpa``): a model
@@ -227,10 +235,16 @@ class Monitor:
         command: str | None = None,
         logit_max_alarm: float | None = vocab.LOGIT_MAX_ALARM,
         forward: Callable | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.data = data
         self.logit_max_alarm = logit_max_alarm
         self.forward = forward
+        self.timeout = float(timeout)
+        self.layout = Layout()
+        self.gains_skipped: str | None = None
+        self.all_reduces = 0  # all-reduces the last distributed probe ran
+        self._template = None  # this rank's statistics layout, for a probe that fails early
         self.run_dir = Path(run_dir)
         self.total_steps = int(total_steps)
         self.planned = planned_steps(total_steps, n_points, start=start, every=every, steps=steps)
@@ -265,10 +279,16 @@ class Monitor:
 
     # -- set-up ------------------------------------------------------------------------------
     def watch(self, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None) -> None:
-        """Probe ``model`` (a DDP wrapper is unwrapped) and record ``optimizer``'s learning rates."""
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module  # probe the module itself: no gradient sync, rank 0 alone
+        """Probe ``model`` (a DDP wrapper is unwrapped) and record ``optimizer``'s learning rates.
+        Under ``torch.distributed`` the model's layout over the ranks is read here."""
+        self.layout = layout_of(model)
+        model = unwrap(model)  # probe the module itself: no gradient sync
         self.model = model
+        if self.layout.sharded and self.config.attribution.active:
+            if self.rank == 0:
+                logger.warning("peakprobe: %s", GAINS_SKIPPED)
+            self.gains_skipped = GAINS_SKIPPED
+            self.config, self.attribution_steps = self._stats_only, []
         if (self.forward is not None or not uses_attention_interface(model)) and self.config.attribution.active:
             warnings.warn(f"{type(model).__name__} is probed through its F.scaled_dot_product_attention "
                           "calls: statistics only (the attribution needs transformers' attention "
@@ -316,7 +336,7 @@ class Monitor:
         return math.fsum(self.lrs) / self.lr_max
 
     def due(self, step: int) -> bool:
-        return self.rank == 0 and int(step) in self._planned_set
+        return (self.rank == 0 or self.layout.world > 1) and int(step) in self._planned_set
 
     def is_complete(self) -> bool:
         """True when every planned step of this run directory has its parquet."""
@@ -326,7 +346,8 @@ class Monitor:
 
     # -- probing -------------------------------------------------------------------------------
     def step(self, step: int, *, lr: float | None = None, tokens: int | None = None) -> pd.DataFrame | None:
-        """Call once per training step: probe if ``step`` is planned (rank 0 only).
+        """Call once per training step: probe if ``step`` is planned (every rank of a
+        distributed run; else rank 0 only).
 
         ``lr`` is for loops without an optimizer watched: the rate of the update that led to
         ``step`` (call at every step then, so that tau sums every update)."""
@@ -343,27 +364,43 @@ class Monitor:
         probe failed (recorded in failures.jsonl; training goes on)."""
         if self.model is None:
             raise MonitorError("Monitor.probe needs a model: call watch(model, optimizer) first")
-        if self.rank != 0:
+        distributed = self.layout.world > 1
+        if self.rank != 0 and not distributed:
             return None
         step = int(step)
         if tokens is None and self.tokens_per_step is not None:
             tokens = step * self.tokens_per_step
         ckpt = Checkpoint(revision=f"step{step}", step=step, tokens=tokens, tau=self.tau())
-        self._prepare()
+        if self.rank == 0:
+            self._prepare()
         started = time.perf_counter()
         try:
             with training_state_preserved(self.model):
                 config = self.config if step in self.attribution_steps else self._stats_only
-                frame = probe_model(self.model, self.data, config, forward=self.forward)
+                if distributed:  # every rank probes its share; rank 0 gets the merged frame
+                    got = probe_ranks(self.model, self.data, config, self.layout, forward=self.forward,
+                                      timeout=self.timeout, template=self._template)
+                    self.all_reduces, self._template = got.all_reduces, got.template or self._template
+                    if got.failures:
+                        raise RankFailed(got.failures, got.traces)
+                    if got.frame is None:
+                        return None
+                    frame = got.frame
+                else:
+                    frame = probe_model(self.model, self.data, config, forward=self.forward)
             tidy = tidy_frame(frame, self._sequence(), ckpt)
             results.write_checkpoint(self.run_dir, ckpt.revision, tidy)
-        except (UnsupportedModelError, CompileError):
-            raise  # every probe of this model would fail the same way
+        except (UnsupportedModelError, DistributedProbeError):
+            raise  # every probe of this model would fail the same way; or the ranks lost each other
         except Exception as exc:  # never fatal to the training
-            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            if self.rank != 0:
+                return None  # rank 0 says it
+            ranks = isinstance(exc, RankFailed)
+            error = str(exc) if ranks else f"{type(exc).__name__}: {exc}".splitlines()[0]
             results.append_failure(self.run_dir, {
                 "revision": ckpt.revision, "step": step, "error": error,
-                "traceback": traceback.format_exc(limit=5),
+                "traceback": "\n".join(exc.traces.values()) if ranks else traceback.format_exc(limit=5),
+                **({"ranks": sorted(exc.failures)} if ranks else {}),
             })
             self.failed.append(ckpt.revision)
             logger.warning("peakprobe: probe at step %d failed: %s", step, error)
@@ -414,8 +451,12 @@ class Monitor:
             return
         manifest = self._manifest()
         path = self.run_dir / results.MANIFEST
-        if path.exists() and not self.force:
-            old = results.read_manifest(self.run_dir)
+        try:
+            old = results.read_manifest(self.run_dir) if path.exists() and not self.force else None
+        except results.DamagedFileError:
+            move_aside(path, "does not read back", "writing it again")
+            old = None
+        if old is not None:
             same = results.run_identity(old, _IDENTITY) == results.run_identity(manifest, _IDENTITY)
             old_steps = sorted(c["step"] for c in old.get("checkpoints", []))
             if not same or old_steps != self.planned:
@@ -425,6 +466,7 @@ class Monitor:
                 )
             self._resume()
             (self.run_dir / results.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+            heal(self.run_dir, list(self._sequence()), manifest)
         else:
             prepare_run_dir(self.run_dir, manifest, force=self.force)
         self._prepared = True
@@ -434,7 +476,8 @@ class Monitor:
         path = self.run_dir / vocab.MONITOR_FILE
         if self.lrs or not path.exists():
             return
-        record = results.read_json(path)
+        record = results.read_json_object(path, "the learning rates of the interrupted run are lost: "
+                                          "start the run directory over (force=True)")
         self.lrs = [float(x) for x in record.get("lr", [])]
 
     def _write_manifest(self) -> None:
@@ -447,6 +490,8 @@ class Monitor:
             "lr": self.lrs,
             "probe_seconds": self.probe_seconds,
             "alarms": self.alarms,
+            "distributed": self.layout.describe(),
+            "gains_skipped": self.gains_skipped,
         })
 
     def _emit(self, scalars: dict[str, float], step: int) -> None:

@@ -9,8 +9,11 @@ Scalars (names are the logger's tags):
 * ``peakprobe/lm_head/logit_std``, ``peakprobe/lm_head/entropy``;
 * ``peakprobe/L<l>/logit_std_median``, ``peakprobe/L<l>/entropy_median`` — the median over the
   heads of layer ``l``;
-* ``peakprobe/n_peaked_heads`` — heads whose ``peaked`` row fraction is at least
-  ``vocab.PEAKED_FRACTION``;
+* ``peakprobe/n_peaked_heads`` — heads peaked by the entropy-equivalent rule (their
+  ``peaked_entropy`` row fraction, beta_eff > sqrt(2 ln n), is at least
+  ``vocab.PEAKED_FRACTION``; the rule the bottleneck verdict uses), or by the logit-std flag
+  ``peaked`` in a frame without ``peaked_entropy``;
+* ``peakprobe/n_peaked_heads_logit_std`` — the same count by the logit-std flag (secondary);
 * ``peakprobe/top/L<l>H<h>/logit_std`` — the ``vocab.MONITOR_TOP_HEADS`` heads of largest
   logit_std, peaked heads first (the heads the 1/3 law is about: concentrating on few keys);
 * ``peakprobe/logit_max``, ``peakprobe/lm_head/logit_max`` — the largest attention logit over
@@ -59,7 +62,11 @@ def live_scalars(frame: pd.DataFrame, top_k: int = vocab.MONITOR_TOP_HEADS) -> d
     top = _values(frame, vocab.ATTN, vocab.LOGIT_MAX)
     if len(top):
         out["peakprobe/logit_max"] = float(top.max())
-    peaked = _values(frame, vocab.ATTN, vocab.PEAKED)
+    by_std = _values(frame, vocab.ATTN, vocab.PEAKED)
+    peaked = _values(frame, vocab.ATTN, vocab.PEAKED_ENTROPY)
+    if len(peaked) and len(by_std):
+        out["peakprobe/n_peaked_heads_logit_std"] = float((by_std >= vocab.PEAKED_FRACTION).sum())
+    peaked = peaked if len(peaked) else by_std  # the headline rule, else the flag there is
     if len(peaked):
         out["peakprobe/n_peaked_heads"] = float((peaked >= vocab.PEAKED_FRACTION).sum())
     if len(std) and top_k > 0:

@@ -14,7 +14,8 @@ summary scalars through ``trainer.log`` so that every ``report_to`` integration 
 W&B, ...) receives them at the right step. The trainer is needed for that last part: a callback
 is only handed the model, optimizer and scheduler, and mutating another event's logs would
 reach only the callbacks registered after this one. Without a trainer the probes are still
-written, just not logged. Only the world's process zero probes (see peakprobe.integrations.monitor).
+written, just not logged. Under ``torch.distributed`` (DDP, or FSDP2 through accelerate) every
+rank probes its share and process zero writes the merged run (peakprobe.integrations.distributed).
 """
 
 from __future__ import annotations

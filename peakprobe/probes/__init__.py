@@ -3,11 +3,9 @@
 from .accumulate import Accumulator, SiteGroup
 from .attention import MaskSpec, attention_forward_with_sums, attention_head_sums
 from .gaussian_entropy import beta_eff, expected_entropy
-from .rows import LM_HEAD_METRICS, XSINK_METRICS, RowStats, attn_metric_names, row_stats
+from .rows import RowStats, attn_metric_names, row_stats
 
 __all__ = [
-    "LM_HEAD_METRICS",
-    "XSINK_METRICS",
     "Accumulator",
     "MaskSpec",
     "RowStats",

@@ -38,13 +38,15 @@ class SiteSums:
     names: the row statistics, in emission order; sums (H, M): their sums over the kept rows;
     counts (H, M): the rows each was defined on; maxima (H,): the largest logit over the kept
     rows (``vocab.LOGIT_MAX``; -inf where none); hist (H, Q, ``vocab.HIST_BINS``): row counts
-    per bin of each statistic of ``vocab.QUANTILE_OF``."""
+    per bin of each statistic of ``vocab.QUANTILE_OF``; load (E,): routers only, the top-k
+    assignments each expert received (``vocab.LOAD_METRICS`` are read off it), else None."""
 
     names: tuple[str, ...]
     sums: torch.Tensor
     counts: torch.Tensor
     maxima: torch.Tensor
     hist: torch.Tensor
+    load: torch.Tensor | None = None
 
 
 def hist_index(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -87,6 +89,20 @@ def reduce_rows(stats: RowStats, names: tuple[str, ...], shape: tuple[int, ...],
     return SiteSums(tuple(names), sums.to(_F64), counts.to(_F64), maxima, hist)
 
 
+def load_figures(load: np.ndarray) -> dict[str, float]:
+    """``vocab.LOAD_METRICS`` of a router's per-expert assignment counts (E,): the entropy (nats)
+    of the shares count / total, the fraction of experts with count 0, the largest count over
+    the mean count. NaN without any assignment."""
+    total = float(load.sum())
+    if total <= 0:
+        return {name: float("nan") for name in vocab.LOAD_METRICS}
+    share = load / total
+    nz = share[share > 0]
+    return {vocab.LOAD_ENTROPY: float(-(nz * np.log(nz)).sum()),
+            vocab.DEAD_EXPERTS: float((load == 0).mean()),
+            vocab.LOAD_MAX_OVER_MEAN: float(load.max() / load.mean())}
+
+
 def histogram_quantile(hist: np.ndarray, q: float, name: str) -> float:
     """Quantile ``q`` of the values binned in ``hist`` (``vocab.HIST_BINS`` counts of statistic
     ``name``), linear within the bin where the cumulative count reaches q of the total; NaN for
@@ -115,8 +131,9 @@ class Accumulator:
         """Add one call's ``SiteSums`` for ``group`` (kept on its device until ``to_frame``)."""
         old = self._parts.get(group)
         if old is None:
+            load = None if part.load is None else part.load.to(_F64).clone()
             self._parts[group] = SiteSums(part.names, part.sums.to(_F64).clone(), part.counts.to(_F64).clone(),
-                                          part.maxima.to(_F64).clone(), part.hist.to(_F64).clone())
+                                          part.maxima.to(_F64).clone(), part.hist.to(_F64).clone(), load)
             return
         if old.names != part.names or old.sums.shape != part.sums.shape:
             raise ValueError(f"inconsistent statistics for {group}: cannot merge")
@@ -125,12 +142,19 @@ class Accumulator:
         old.counts += part.counts.to(dev)
         torch.maximum(old.maxima, part.maxima.to(dev), out=old.maxima)
         old.hist += part.hist.to(dev)
+        if (old.load is None) != (part.load is None) or (old.load is not None and old.load.shape != part.load.shape):
+            raise ValueError(f"inconsistent expert loads for {group}: cannot merge")
+        if old.load is not None:
+            old.load += part.load.to(dev)
 
-    def add_rows(self, group: SiteGroup, stats: RowStats, head_dim: int | None) -> None:
+    def add_rows(self, group: SiteGroup, stats: RowStats, head_dim: int | None,
+                 load: torch.Tensor | None = None) -> None:
         """Reduce per-row ``stats`` over every dimension but ``head_dim`` (None: one site) and add
-        them."""
+        them (with a router's per-expert ``load`` counts (E,))."""
         shape = torch.broadcast_shapes(*(v.shape for v in stats.values.values()))
-        self.add(group, reduce_rows(stats, tuple(stats.values), shape, head_dim))
+        part = reduce_rows(stats, tuple(stats.values), shape, head_dim)
+        part.load = None if load is None else load.to(_F64)
+        self.add(group, part)
 
     def copy(self) -> Accumulator:
         """An independent copy (its tensors cloned)."""
@@ -150,7 +174,8 @@ class Accumulator:
         return {
             "groups": [
                 {"kind": g.kind, "layer": g.layer, "metrics": list(p.names), "sums": p.sums.cpu(),
-                 "counts": p.counts.cpu(), "maxima": p.maxima.cpu(), "hist": p.hist.cpu()}
+                 "counts": p.counts.cpu(), "maxima": p.maxima.cpu(), "hist": p.hist.cpu(),
+                 "load": None if p.load is None else p.load.cpu()}
                 for g, p in sorted(self._parts.items())
             ]
         }
@@ -160,20 +185,25 @@ class Accumulator:
         for item in state["groups"]:
             group = SiteGroup(item["kind"], int(item["layer"]))
             self.add(group, SiteSums(tuple(item["metrics"]), item["sums"], item["counts"],
-                                     item["maxima"], item["hist"]))
+                                     item["maxima"], item["hist"], item.get("load")))
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy per-site values: columns site_kind, layer, head, metric, value, n_rows (sorted).
         Row statistics are means over rows; ``vocab.SITE_METRICS`` are the largest logit and the
-        histogram quantiles, each with the number of rows it was taken over."""
+        histogram quantiles, each with the number of rows it was taken over; a router adds
+        ``vocab.LOAD_METRICS`` over the tokens it routed."""
         rows = []
         for g in self.groups():
             p = self._parts[g]
             sums, counts = p.sums.cpu().numpy(), p.counts.cpu().numpy()  # (H, M)
             maxima, hist = p.maxima.cpu().numpy(), p.hist.cpu().numpy()  # (H,), (H, Q, bins)
             n_max = counts[:, p.names.index(vocab.LOGIT_ROW_MAX)]
+            if p.load is not None:
+                n_tok = int(round(float(counts[0, p.names.index(vocab.TOPK_MASS)])))
+                for name, value in load_figures(p.load.cpu().numpy()).items():
+                    rows.append((g.kind, g.layer, -1, name, value, n_tok))
             for h in range(sums.shape[0]):
-                head = -1 if g.kind == vocab.LM_HEAD else h
+                head = -1 if g.kind in (vocab.LM_HEAD, vocab.ROUTER) else h
                 for m, name in enumerate(p.names):
                     c = float(counts[h, m])
                     rows.append((g.kind, g.layer, head, name, sums[h, m] / c if c > 0 else float("nan"),

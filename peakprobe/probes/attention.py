@@ -9,7 +9,7 @@ of query rows at a time, so nothing of size T x T per head ever exists beyond on
 Each chunk's logits are reduced once to per-row ``sums.Sums``. With causal structure and no mask
 tensor, key 0 (the first visible key) is kept apart for the ``_xsink`` statistics and no
 masking work touches most of the block: the statistics mask only each chunk's diagonal corner,
-in place (``_causal_chunk``); the fused and compiled paths reduce the keys every row of the
+in place (``_causal_chunk``); the fused path reduces the keys every row of the
 chunk sees unmasked and the diagonal blocks of all chunks in one batch (``_diagonal``). Other
 masks take one masked fill. The per-row sums of all chunks are merged and turned into
 statistics once per call.
@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .accumulate import SiteSums, reduce_rows
-from .gaussian_entropy import load_tables
-from .rows import attn_metric_names, compiled_call, finish, raw_block_sums, tail_masks
+from .rows import attn_metric_names, finish, raw_block_sums, tail_masks
 from .sums import Sums, merge, merge_one, normalized
 from .workspace import Workspace, take
 
@@ -107,7 +106,7 @@ def _fused_part(z, m, valid, v, dtype) -> torch.Tensor:
     return _grouped_matmul(e, v.to(dtype))
 
 
-def _structured_chunk(z, value, dtype, compiled: bool, work) -> _Chunk:
+def _structured_chunk(z, value, dtype, work) -> _Chunk:
     """Causal (or full) structure, no mask tensor, no window: z holds key 0 and the keys every
     row of the chunk sees (no mask work at all); the diagonal block is done apart."""
     first = z[..., 0].clone()  # no view: the chunk's block must not stay alive
@@ -116,7 +115,7 @@ def _structured_chunk(z, value, dtype, compiled: bool, work) -> _Chunk:
         v = value[:, :, 1 : z.shape[-1]].to(dtype)
         core, out = raw_block_sums(z[..., 1:], weigh=lambda e: _grouped_matmul(e, v), work=work)
         return _Chunk(core, _empty(z), first, present, out, core.m)
-    return _Chunk(raw_block_sums(z[..., 1:], compiled=compiled, work=work), _empty(z), first, present)
+    return _Chunk(raw_block_sums(z[..., 1:], work=work), _empty(z), first, present)
 
 
 def _causal_chunk(z, spec: MaskSpec, i0: int, i1: int, work, tails: dict) -> _Chunk:
@@ -137,7 +136,7 @@ def _causal_chunk(z, spec: MaskSpec, i0: int, i1: int, work, tails: dict) -> _Ch
     return _Chunk(raw_block_sums(z[..., 1:], tail=tails[key], work=work), None, first, present)
 
 
-def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compiled, work=None):
+def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, work=None):
     """The masked part of causal rows, all chunks at once: query row r of chunk [i0, i1) sees
     keys i0 + off + 1 .. r + off. Returns raw ``Sums`` (B, H, Tq) and, fused, the part's
     e-weighted values (B, H, Tq, Dv)."""
@@ -175,7 +174,7 @@ def _diagonal(query, key, value, *, scaling, softcap, chunk, off, dtype, compile
 
         sums, out = raw_block_sums(z, valid, weigh=weigh, work=work)
     else:
-        sums = raw_block_sums(z, valid, compiled=compiled, work=work)
+        sums = raw_block_sums(z, valid, work=work)
     return Sums(*(_query_rows(getattr(sums, f), tq) for f in Sums.__dataclass_fields__)), out
 
 
@@ -186,14 +185,14 @@ def _query_rows(x: torch.Tensor, tq: int) -> torch.Tensor:
     return x.reshape(*x.shape[:2], -1)[:, :, :tq]
 
 
-def _masked_chunk(z, valid, value, dtype, k0, compiled: bool, work) -> _Chunk:
+def _masked_chunk(z, valid, value, dtype, k0, work) -> _Chunk:
     """Any mask: one masked fill; the first visible key of each row is found and left out."""
     idx = valid.to(torch.int8).argmax(-1, keepdim=True)  # (B|1, 1|H, C, 1) first visible
     present = valid.gather(-1, idx).squeeze(-1)
     first = z.gather(-1, idx.expand(*z.shape[:-1], 1)).squeeze(-1)
     first = torch.where(present, first, torch.zeros((), dtype=z.dtype, device=z.device))
     rest_valid = valid.scatter(-1, idx, False)
-    rest = raw_block_sums(z, rest_valid, compiled=compiled, work=work)
+    rest = raw_block_sums(z, rest_valid, work=work)
     chunk = _Chunk(_empty(z), rest, first, present)
     if value is not None:  # every visible key, first included, relative to their max
         keys = merge_one(normalized(rest), first, present)
@@ -233,16 +232,9 @@ def _head_sums(core_raw: Sums, edge_raw: Sums | None, first, present, ok, sink, 
     return reduce_rows(stats, names, first.shape, 1), keys
 
 
-def _compiled_head_sums(*args, n_max=None):
-    """``_head_sums`` compiled (backend "compile"): its few hundred small per-row float64 ops
-    become one or two loops (without per-n tables: fused, the per-row arithmetic is cheap)."""
-    load_tables()  # built before tracing: the trace must not see them unbuilt
-    return compiled_call(_head_sums, *args)
-
-
 @torch.no_grad()
 def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, sinks, bias,
-         compiled=False, work=None):
+         work=None):
     b, h, tq, _ = query.shape
     tk = key.shape[2]
     off = mask.q_offset
@@ -250,8 +242,8 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     structured = mask.mask is None and mask.sliding_window is None and tk > 0
     # Causal rows without a mask tensor (and no position bias, which would need the blocks'
     # bias slices): statistics alone mask each chunk's diagonal corner in its own block;
-    # the fused and compiled paths batch the diagonal blocks of all chunks apart.
-    inline = structured and mask.causal and bias is None and value is None and not compiled
+    # the fused path batches the diagonal blocks of all chunks apart.
+    inline = structured and mask.causal and bias is None and value is None
     diagonal = structured and mask.causal and bias is None and not inline
     chunks: list[_Chunk] = []
     tails: dict = {}  # inline: diagonal masks by shape
@@ -276,18 +268,10 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
         if inline:
             ch = _causal_chunk(z, mask, i0, i1, work, tails)
         elif diagonal or (structured and not mask.causal):
-            ch = _structured_chunk(z, value, dtype, compiled, work)
+            ch = _structured_chunk(z, value, dtype, work)
         else:
-            if mask.mask is None:
-                valid = _index_valid(mask, i0, i1, lo, hi, z.device)
-            else:
-                m = mask.mask[:, :, i0:i1, lo:hi]  # (B, 1|H, C, Tk)
-                if m.dtype == torch.bool:
-                    valid = m
-                else:
-                    valid = m > torch.finfo(m.dtype).min / 2
-                    z = z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype)
-            ch = _masked_chunk(z, valid, value, dtype, lo, compiled, work)
+            z, valid = _chunk_mask(mask, z, i0, i1, lo, hi)
+            ch = _masked_chunk(z, valid, value, dtype, lo, work)
         chunks.append(ch)
     chunks.reverse()
     core_raw = _cat_sums([c.core for c in chunks], (b, h))  # (B, H, Tq)
@@ -295,7 +279,7 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     if diagonal:
         edge_raw, diag_out = _diagonal(
             query, key, value, scaling=scaling, softcap=softcap, chunk=chunk, off=off, dtype=dtype,
-            compiled=compiled, work=work,
+            work=work,
         )
     elif all(c.edge is not None for c in chunks):
         edge_raw = _cat_sums([c.edge for c in chunks], (b, h))
@@ -306,36 +290,61 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
     ok = torch.ones(1, 1, tq, dtype=torch.bool, device=query.device)  # broadcast over heads
     if row_valid is not None:
         ok = ok & row_valid.bool().view(b, 1, tq)
-    sink = None
-    if sinks is not None:
-        sink = sinks.to(torch.float64)
-        sink = sink.view(1, h, 1) if sink.dim() == 1 else sink.reshape(b, h, tq)  # (H,) or (B, H, Tq, 1)
-        sink = sink.expand(b, h, tq)
+    sink = None if sinks is None else _row_sinks(sinks, b, h, tq)  # (B, H, Tq)
     names = attn_metric_names(sinks is not None)
-    reduce = _compiled_head_sums if compiled else _head_sums
     every = present if not structured else None  # structured: key 0 is in every row
-    site, keys = reduce(core_raw, edge_raw, first, every, ok, sink, names, n_max=tk)
+    site, keys = _head_sums(core_raw, edge_raw, first, every, ok, sink, names, n_max=tk)
     out = None
     if value is not None:
-        lse = stats_lse(keys, sink)  # (B, H, Tq)
-
-        def weighted(o, m):  # o relative to e^m, rescaled to probabilities
-            return o * (m.to(torch.float64) - lse).exp().to(o.dtype).unsqueeze(-1)
-
-        dv = value.shape[-1]
-        out = torch.zeros(b, h, tq, dv, dtype=dtype, device=query.device)
-        for i, c in enumerate(chunks):
-            if c.out is not None:
-                out[:, :, i * chunk : i * chunk + c.out.shape[2]] += c.out
-        m_part = torch.cat([c.out_m if c.out_m is not None else torch.full_like(c.first, float("-inf")) for c in chunks], dim=2)
-        out = weighted(out, m_part)
-        if structured:  # key 0 was kept apart
-            out = out + weighted(_grouped_matmul(torch.ones(b, h, tq, 1, dtype=dtype, device=out.device), value[:, :, :1].to(dtype)), first)
-        if diag_out is not None:
-            out = out + weighted(diag_out, edge_raw.m)
-        out = torch.where(present.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype, device=out.device))
-        out = out.to(query.dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv) like HF
+        out = _fused_output(chunks, keys, sink, first, present, edge_raw, diag_out, value,
+                            query.dtype, chunk=chunk, dtype=dtype, structured=structured)
     return site, out
+
+
+def _chunk_mask(mask: MaskSpec, z, i0: int, i1: int, lo: int, hi: int):
+    """(z with an additive mask tensor added, the keys each row sees (B|1, 1|H, C, hi - lo))
+    for query rows [i0, i1) and keys [lo, hi) of a chunk under a mask tensor or a window."""
+    if mask.mask is None:
+        return z, _index_valid(mask, i0, i1, lo, hi, z.device)
+    m = mask.mask[:, :, i0:i1, lo:hi]  # (B, 1|H, C, Tk)
+    if m.dtype == torch.bool:
+        return z, m
+    valid = m > torch.finfo(m.dtype).min / 2
+    return z + torch.where(valid, m, torch.zeros((), dtype=m.dtype, device=m.device)).to(z.dtype), valid
+
+
+def _row_sinks(sinks: torch.Tensor, b: int, h: int, tq: int) -> torch.Tensor:
+    """Learned sink logits, (H,) or (B, H, Tq, 1), as float64 (B, H, Tq)."""
+    sink = sinks.to(torch.float64)
+    sink = sink.view(1, h, 1) if sink.dim() == 1 else sink.reshape(b, h, tq)
+    return sink.expand(b, h, tq)
+
+
+def _fused_output(chunks, keys, sink, first, present, edge_raw, diag_out, value, out_dtype, *,
+                  chunk, dtype, structured) -> torch.Tensor:
+    """The fused path's attention output (B, Tq, H, Dv) in ``out_dtype``: every chunk's part
+    (and key 0's and the diagonal's, when kept apart) rescaled to probabilities by the rows'
+    log-sum-exp (keys (B, H, Tq) merged, sink the sink logits or None)."""
+    b, h, tq = first.shape
+    lse = stats_lse(keys, sink)  # (B, H, Tq)
+
+    def weighted(o, m):  # o relative to e^m, rescaled to probabilities
+        return o * (m.to(torch.float64) - lse).exp().to(o.dtype).unsqueeze(-1)
+
+    dv = value.shape[-1]
+    out = torch.zeros(b, h, tq, dv, dtype=dtype, device=first.device)
+    for i, c in enumerate(chunks):
+        if c.out is not None:
+            out[:, :, i * chunk : i * chunk + c.out.shape[2]] += c.out
+    m_part = torch.cat([c.out_m if c.out_m is not None else torch.full_like(c.first, float("-inf")) for c in chunks], dim=2)
+    out = weighted(out, m_part)
+    if structured:  # key 0 was kept apart
+        out = out + weighted(_grouped_matmul(torch.ones(b, h, tq, 1, dtype=dtype, device=out.device), value[:, :, :1].to(dtype)), first)
+    if diag_out is not None:
+        out = out + weighted(diag_out, edge_raw.m)
+    out = torch.where(present.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype, device=out.device))
+    out = out.to(out_dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv) like HF
+    return out
 
 
 def stats_lse(keys: Sums, sink: torch.Tensor | None) -> torch.Tensor:
@@ -356,7 +365,6 @@ def attention_head_sums(
     dtype: torch.dtype = torch.float32,
     sinks: torch.Tensor | None = None,
     position_bias: torch.Tensor | None = None,
-    compiled: bool = False,
     work: Workspace | None = None,
 ) -> SiteSums:
     """Per-head sums and row counts of every attention statistic, the largest logit and the
@@ -369,13 +377,11 @@ def attention_head_sums(
             results are float64.
         sinks: learned sink logits, (H,) or (B, H, Tq, 1): one more softmax option per row.
         position_bias: additive (B|1, H, Tq, Tk) bias on the scores, before the mask.
-        compiled: reduce each block with the ``torch.compile``-fused sums (``rows``): the
-            same statistics in about two passes over the block instead of one per op.
         work: where the block-sized temporaries go (``workspace``; fresh tensors if None).
     """
     site, _ = _run(
         query, key, None, scaling=scaling, mask=mask, softcap=softcap, row_valid=row_valid,
-        chunk=chunk, dtype=dtype, sinks=sinks, bias=position_bias, compiled=compiled, work=work,
+        chunk=chunk, dtype=dtype, sinks=sinks, bias=position_bias, work=work,
     )  # fmt: skip
     return site
 

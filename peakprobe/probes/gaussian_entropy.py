@@ -1,43 +1,39 @@
 """The entropy-equivalent inverse temperature of a softmax row (torch only).
 
 ``beta_eff(H, n)`` is the beta at which iid Gaussian logits z_i ~ N(0, beta^2) over n options
-have, in expectation, softmax entropy H. Peakedness as the random-energy model judges it is then
-``beta_eff > sqrt(2 ln n)``, read off the row's entropy instead of its logit std.
-
-The curve E[H](beta, n) has no closed form; it is tabulated once, deterministically (fixed seed),
-by ``compute_curve`` and shipped in ``_entropy_curve.py`` (regenerate with
-``python -m peakprobe.probes.gaussian_entropy``). The table holds the normalised entropy
-h = E[H] / ln n on a grid of b = beta / sqrt(2 ln n) for a grid of n. Between grid points the
-curve is linear in log n and in b; it is strictly decreasing in b (for every sample, the entropy
-of softmax(beta x) falls with beta), so it is inverted exactly per row: the row's curve lies
-between the two tabulated curves around its n, whose crossings of h, tabulated per cell of h
-(``_brackets``), bracket the knot; a short binary search inside the bracket finds it, then the
-root of the linear piece. Outside the table: an entropy at or above the b = 0 value (ln n, uniform)
-gives beta_eff = 0; an entropy below the last knot gives the last knot (b = ``B_GRID[-1]``);
-n above the largest tabulated n uses the largest n's normalised curve; n < 2 has no entropy
-and no beta_eff.
-
-How the expectation is computed (``compute_curve``): for n <= ``EXACT_N`` by plain Monte Carlo
-over full samples; above it, the top ``TOP_K`` values of each sample are drawn exactly (order
-statistics from uniform spacings, ``ndtri`` of the upper tail probabilities) and the remaining
-n - K values, iid N(0, 1) below the K-th value t, enter through their conditional expectation
-(truncated-normal moments: E[e^{bx}; x < t] = e^{b^2/2} Phi(t - b)). Common random numbers
-across beta keep every sample's curve monotone.
+have, in expectation, softmax entropy H; ``peaked_threshold`` is the random-energy-model
+threshold sqrt(2 ln n) both peakedness flags compare to. Owns the tabulated curve E[H](beta, n)
+(``compute_curve``, shipped in ``_entropy_curve.py``; regenerate with
+``python -m peakprobe.probes.gaussian_entropy``) and its exact per-row inversion
+(``_brackets``, ``beta_eff``). How the curve is computed and inverted, its range and its checks:
+docs/probes.md, "How beta_eff is computed".
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-
-from .. import vocab
 
 #: n up to which full samples are drawn; above it the top values are exact and the rest averaged
 EXACT_N = 1024
 TOP_K = 512
 SEED = 20260301
+
+
+def peaked_threshold(n: Any) -> Any:
+    """The random-energy-model threshold sqrt(2 ln n) on the logit std over n options.
+
+    Works on a Python number, a numpy array or a torch tensor (n >= 1; 0 at n = 1)."""
+    if isinstance(n, (int, float)):
+        return math.sqrt(2.0 * math.log(n)) if n > 1 else 0.0
+    if hasattr(n, "clamp"):  # torch: no numpy round trip, stays on its device
+        return (2.0 * n.clamp(min=1).log()).sqrt()
+    import numpy as np
+
+    return np.sqrt(2.0 * np.log(np.maximum(n, 1)))
 
 
 def _n_grid() -> list[int]:
@@ -215,7 +211,7 @@ def expected_entropy(beta: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     curves = _curves_at(log_n)  # (..., Nb)
     from ._entropy_curve import B_GRID  # a Python float: no read of a device tensor
 
-    b = (beta.to(torch.float64) / vocab.peaked_threshold(n)).clamp(0, float(B_GRID[-1]))
+    b = (beta.to(torch.float64) / peaked_threshold(n)).clamp(0, float(B_GRID[-1]))
     j = torch.searchsorted(b_grid, b.unsqueeze(-1).contiguous(), right=True).clamp(1, len(b_grid) - 1)
     lo, hi = curves.gather(-1, j - 1), curves.gather(-1, j)
     t = (b.unsqueeze(-1) - b_grid[j - 1]) / (b_grid[j] - b_grid[j - 1])
@@ -234,8 +230,8 @@ class PerN:
 
     size: int
     log_n: torch.Tensor  # ln max(n, 2)
-    threshold: torch.Tensor  # vocab.peaked_threshold(n) (0 for n <= 1)
-    threshold2: torch.Tensor  # vocab.peaked_threshold(max(n, 2))
+    threshold: torch.Tensor  # peaked_threshold(n) (0 for n <= 1)
+    threshold2: torch.Tensor  # peaked_threshold(max(n, 2))
     curves: torch.Tensor  # ((size + 1) * stride,) n's normalised curve at the knots, row by row
     stride: int  # Nb, then -inf entries that no h reaches (a search step may overshoot)
     cell_base: torch.Tensor  # int32: n's first entry in ``_brackets`` ((interval - 1) * cells)
@@ -262,8 +258,8 @@ def per_n_tables(n_max: int, device: torch.device | str = "cpu") -> PerN:
         _PER_N[key] = PerN(
             size=size,
             log_n=log_n.to(device),
-            threshold=vocab.peaked_threshold(n).to(device),
-            threshold2=vocab.peaked_threshold(n.clamp(min=2)).to(device),
+            threshold=peaked_threshold(n).to(device),
+            threshold2=peaked_threshold(n.clamp(min=2)).to(device),
             curves=curves.reshape(-1).to(device),
             stride=curves.shape[1],
             cell_base=((i - 1) * _CELLS).to(torch.int32).to(device),
@@ -278,7 +274,7 @@ class Counts:
 
     n: torch.Tensor  # float64
     log_n: torch.Tensor  # ln max(n, 2)
-    threshold: torch.Tensor  # vocab.peaked_threshold(n)
+    threshold: torch.Tensor  # peaked_threshold(n)
     index: torch.Tensor | None = None  # int64: n itself, a row of ``tables``
     tables: PerN | None = None
 
@@ -288,7 +284,7 @@ def counts(n: torch.Tensor, n_max: int | None = None) -> Counts:
     caller (e.g. the key length); up to ``PER_N_MAX`` the values come from per-n tables."""
     n = n.to(torch.float64)
     if n_max is None or n_max > PER_N_MAX:
-        return Counts(n, n.clamp(min=2).log(), vocab.peaked_threshold(n))
+        return Counts(n, n.clamp(min=2).log(), peaked_threshold(n))
     tables = per_n_tables(n_max, n.device)
     k = n.clamp(0, tables.size).to(torch.int64)  # exact: n holds whole numbers
     return Counts(n, _take(tables.log_n, k), _take(tables.threshold, k), k, tables)
@@ -353,7 +349,7 @@ def beta_eff(entropy: torch.Tensor, n: torch.Tensor | Counts) -> torch.Tensor:
     b0, b1 = take(b_grid, j), take(b_grid, j + 1)
     b = b0 + (b1 - b0) * t
     b = torch.where(h >= 1.0, torch.zeros_like(b), b)
-    return b * vocab.peaked_threshold(n)
+    return b * peaked_threshold(n)
 
 
 def _beta_eff_tabled(entropy: torch.Tensor, c: Counts) -> torch.Tensor:

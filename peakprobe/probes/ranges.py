@@ -35,15 +35,6 @@ def ranges_supported(spec: MaskSpec, n_heads: int) -> bool:
     return spec.mask is None or (spec.mask.dim() == 4 and spec.mask.shape[1] == 1)
 
 
-def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
-    """(B, T) int64: the position of the first token of each token's document in a packed row,
-    where ``position_ids`` restart at 0 for every document (``DataCollatorWithFlattening``)."""
-    t = position_ids.shape[-1]
-    idx = torch.arange(t, device=position_ids.device).expand_as(position_ids)
-    starts = torch.where(position_ids == 0, idx, torch.zeros_like(idx))
-    return starts.cummax(-1).values
-
-
 def cu_seq_starts(cu_seq_lens: torch.Tensor, t: int) -> torch.Tensor:
     """(1, T) int64: each position's document start from ``cu_seq_lens`` (cumulative document
     lengths, 0 first), as flash attention's varlen path receives them for a batch of one row."""

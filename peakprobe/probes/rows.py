@@ -20,16 +20,10 @@ from .gaussian_entropy import Counts, beta_eff, counts
 from .sums import Sums, merge_one, normalized
 from .workspace import Workspace, take
 
-XSINK_METRICS = vocab.XSINK_METRICS
-
 
 def attn_metric_names(sinks: bool = False) -> tuple[str, ...]:
     """Every attention statistic, in emission order (``sink_prob`` last, for sink models)."""
     return vocab.ATTN_PROBE_METRICS + ((vocab.SINK_PROB,) if sinks else ())
-
-
-#: the LM head's statistics, in emission order
-LM_HEAD_METRICS: tuple[str, ...] = vocab.LM_PROBE_METRICS
 
 
 @dataclass
@@ -98,63 +92,16 @@ def top2(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return m.squeeze(-1), m2
 
 
-def block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, *, compiled: bool = False,
+def block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, *,
                work: Workspace | None = None) -> Sums:
     """Per-row ``Sums`` of x (..., N) over the options where ``valid`` (broadcastable bool) is
     True, or over all N when ``valid`` is None (no masking work at all). Computed in x's dtype
     (float32 and float64 by ``_fast_sums``), returned in float64."""
-    return normalized(raw_block_sums(x, valid, compiled=compiled, work=work))
-
-
-def _fused_sums(x: torch.Tensor, valid: torch.Tensor | None, clamp_lo: float, low: float):
-    """``raw_block_sums`` written for ``torch.compile``: the compiler fuses it into about two
-    loops over the block (the max, then every sum), where eager torch makes a pass per op."""
-    if valid is not None:
-        x = torch.where(valid, x, low)
-        n = valid.sum(-1).to(x.dtype).expand(x.shape[:-1])
-    else:
-        n = torch.full(x.shape[:-1], float(x.shape[-1]), dtype=x.dtype, device=x.device)
-    m = x.amax(-1, keepdim=True)
-    top = x == m
-    # a tied maximum counts twice, as topk(2) gives it
-    m2 = torch.where(top.sum(-1) > 1, m.squeeze(-1), torch.where(top, float("-inf"), x).amax(-1))
-    d = x - m  # (..., N) <= 0
-    c = d.clamp(min=clamp_lo)
-    e = c.exp()
-    if valid is not None:
-        d = torch.where(valid, d, 0.0)
-    return n, m.squeeze(-1), m2, e.sum(-1), (e * c).sum(-1), d.sum(-1), (d * d).sum(-1)
-
-
-_COMPILED: dict = {}  # function -> its torch.compile'd form, made on first use
-
-
-class CompileError(vocab.PeakprobeError):
-    """``torch.compile`` cannot build the fused reductions here (one line; fatal to a sweep)."""
-
-
-def compiled_call(fn, *args):
-    """``fn(*args)`` through ``torch.compile`` (dynamic shapes; compiled on first use). Any
-    failure is one ``CompileError`` line: inductor needs a C++ compiler (CPU) or triton (CUDA)."""
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
-    try:
-        return _COMPILED[fn](*args)
-    except Exception as err:
-        text = str(err).strip()
-        raise CompileError(
-            f"backend 'compile' failed in torch.compile ({type(err).__name__}: "
-            f"{text.splitlines()[0][:200] if text else 'no message'}); use --backend torch"
-        ) from err
-
-
-def _compiled_sums(x: torch.Tensor, valid: torch.Tensor | None) -> Sums:
-    low = _CLAMP.get(x.dtype, _CLAMP[torch.float64])
-    return Sums(*compiled_call(_fused_sums, x, valid, low, _low(x.dtype)))
+    return normalized(raw_block_sums(x, valid, work=work))
 
 
 def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=None, *,
-                   compiled: bool = False, work: Workspace | None = None,
+                   work: Workspace | None = None,
                    tail: Tail | None = None):
     """``block_sums`` before ``normalized``: in x's dtype, and rows with no valid option (or
     one) hold placeholders. Raw sums of several blocks can be concatenated and normalised at
@@ -162,8 +109,7 @@ def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=Non
 
     ``weigh``: a linear function of the block's e^(z - m) (valid entries; hidden ones are
     below e^-69), e.g. their product with the values (the fused attention output); then the
-    result is ``(sums, weigh(e))``. ``compiled``: the same sums from ``torch.compile``
-    (``_fused_sums``; not with ``weigh``). ``work``: where the block-sized temporaries go
+    result is ``(sums, weigh(e))``. ``work``: where the block-sized temporaries go
     (``workspace``); x itself is never written, but with ``tail`` (instead of ``valid``;
     float32 or float64, N >= 2, no ``weigh``): which of the last W options each row sees,
     every row seeing the others (``tail_masks``). Then x must be scratch: its hidden entries
@@ -172,8 +118,6 @@ def raw_block_sums(x: torch.Tensor, valid: torch.Tensor | None = None, weigh=Non
     n_cols = x.shape[-1]
     if tail is not None:
         return _fast_sums(x, None, None, work, tail)
-    if compiled and weigh is None and n_cols >= 2:
-        return _compiled_sums(x, valid)
     if n_cols == 0:  # broadcast zeros: they keep concatenated counts small (``attention``)
         zero = torch.zeros((), dtype=x.dtype, device=x.device).expand(rows)
         return Sums(zero, zero, zero, zero, zero, zero, zero)
@@ -377,7 +321,7 @@ def finish(
         x_b, x_pe = _peaked_entropy(x_ent, rest_n)
         x_vals = (x_ent, x_max, x_std, (x_std > rest_n.threshold).to(f64), x_b, x_pe)
         x_ok = (ok & (rest.n > 1)).to(f64)
-        for name, v in zip(XSINK_METRICS, x_vals, strict=True):
+        for name, v in zip(vocab.XSINK_METRICS, x_vals, strict=True):
             values[name] = v
             weight[name] = x_ok
     if sink is not None:
@@ -412,7 +356,6 @@ def row_stats(
     *,
     first_key: bool = False,
     target: torch.Tensor | None = None,
-    compiled: bool = False,
     work: Workspace | None = None,
 ) -> RowStats:
     """Statistics of each row of ``z`` over the options where ``valid`` is True.
@@ -427,7 +370,6 @@ def row_stats(
             first valid option left out; the first real token in a left-padded batch).
         target: int64 of shape ``R``: index of the next token (-1: none), to report ``loss``,
             ``target_prob`` and ``target_logit_minus_mean`` (LM head).
-        compiled: the block reductions from ``torch.compile`` (``raw_block_sums``).
         work: where the block-sized temporaries go (``workspace``; fresh tensors if None).
     """
     rows = z.shape[:-1]
@@ -437,12 +379,12 @@ def row_stats(
         ok = ok & row_valid.expand(rows)
     zt = None if target is None else target_logit(z, valid, target)
     if not first_key:
-        keys = block_sums(z, None if all_valid else valid, compiled=compiled, work=work)
+        keys = block_sums(z, None if all_valid else valid, work=work)
         return finish(keys, ok, target_logit=zt, n_max=z.shape[-1])
     v = valid.expand_as(z)
     idx = v.to(torch.int8).argmax(-1, keepdim=True)  # first True per row
     present = v.gather(-1, idx).squeeze(-1)
     zf = z.gather(-1, idx).squeeze(-1)
-    rest = block_sums(z, v.scatter(-1, idx, False), compiled=compiled, work=work)
+    rest = block_sums(z, v.scatter(-1, idx, False), work=work)
     keys = merge_one(rest, zf, present)
     return finish(keys, ok, first=zf, rest=rest, target_logit=zt, n_max=z.shape[-1])

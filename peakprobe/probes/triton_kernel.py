@@ -72,7 +72,7 @@ class LaunchConfig:
 
 
 #: (operand bytes, padded head dim) -> launch; a pair not listed is not supported (float32
-#: q/k of head dim above 128: their three-pass TF32 operands overflow the registers). Chosen
+#: q/k of head dim above 64: their three-pass TF32 operands overflow the registers under triton 3.6). Chosen
 #: from ptxas register counts for sm_90 (``benchmarks/kernel_aot.py``: no spills, tensor-core
 #: MMA, shared memory within the 227 KiB of an sm_90 block), not from timings.
 _CONFIGS: dict[tuple[int, int], LaunchConfig] = {
@@ -80,7 +80,6 @@ _CONFIGS: dict[tuple[int, int], LaunchConfig] = {
     (2, 128): LaunchConfig(128, 64, 8, 3),
     (2, 256): LaunchConfig(64, 32, 8, 2),
     (4, 64): LaunchConfig(128, 32, 8, 2),
-    (4, 128): LaunchConfig(128, 32, 8, 2),
 }
 _override: LaunchConfig | None = None
 
@@ -187,7 +186,7 @@ def kernel_supported(
 ) -> bool:
     """Whether ``kernel_site_sums`` takes these inputs (a host-only check of metadata): CUDA
     tensors (or CPU ones under the interpreter), q and k of one dtype among float16, bfloat16
-    and float32, 4-D with query heads a multiple of key heads, head dim <= 256 (<= 128 for
+    and float32, 4-D with query heads a multiple of key heads, head dim <= 256 (<= 64 for
     float32), no position bias, statistics not requested in float64."""
     if position_bias is not None or dtype == torch.float64:
         return False

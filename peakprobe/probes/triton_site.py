@@ -8,10 +8,10 @@ comparable logits and stay accurate in float32 when |z| >> their spread. Per key
 (BLOCK_N keys, ``tl.dot`` with float32 accumulation) each row folds in:
 
 * its max ``m`` (the online softmax's), ``se = sum 2^x`` and ``sx = sum 2^x x`` with
-  x = (d - m) scaling log2(e), rescaled when ``m`` grows: five row reductions per tile in all
-  (max, sum 2^x, sum 2^x x, sum d, sum (d - tile mean)^2);
-* count, mean and centred sum of squares, merged tile by tile (Chan et al.): std and
-  max - mean stay accurate when |mean| >> std;
+  x = (d - m) scaling log2(e) (the shift folded into one FMA), rescaled when ``m`` grows;
+* ``q1 = sum x`` and ``q2 = sum x^2``, relative to the running max like the softmax sums (a
+  new max moves them per row: q2 += 2 shift q1 + n shift^2, q1 += n shift): the logit mean and
+  std without a per-tile mean or variance merge, accurate when |mean| >> std;
 * the second largest logit (a tied maximum counts twice, as ``topk``): a running top two per
   pair of tile columns (elementwise max / min, no reduction), combined across them at the end.
 
@@ -94,7 +94,7 @@ def _beta_eff(entropy, n, curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr, size, st
 
 
 @triton.jit
-def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, mu, M2, T1, T2,
+def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
           Tk, D, skt, skd, scaling, softcap, c,
           MASKED: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
           DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
@@ -124,42 +124,36 @@ def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, mu, M2, T1, T2,
         nb = tl.maximum(tl.minimum(en, n0 + BLOCK_N) - tl.maximum(st + 1, n0), 0).to(tl.float32)
     else:
         nb = BLOCK_N * 1.0
-    # running top two per pair of columns (a free split of the MMA layout, where each thread
-    # holds column pairs): a tie lands in T2, so it counts twice
+    # running top two per pair of columns (each thread holds column pairs of the MMA layout):
+    # a tie lands in T2, so it counts twice; the row max reads the pairs' maxima
     a, b = tl.split(tl.reshape(d, (d.shape[0], BLOCK_N // 2, 2)))  # (M, N/2) each
     hi2 = tl.maximum(a, b)
     T2 = tl.maximum(T2, tl.maximum(tl.minimum(a, b), tl.minimum(T1, hi2)))
     T1 = tl.maximum(T1, hi2)
-    m_new = tl.maximum(m, tl.max(d, 1))  # (M,)
+    m_new = tl.maximum(m, tl.max(hi2, 1))  # (M,)
     if MASKED:
         m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
     else:
         m_new_safe = m_new
-    alpha = tl.exp2((m - m_new_safe) * c)  # 0 while the row was empty
-    shift = tl.where(m == float("-inf"), 0.0, (m - m_new_safe) * c)
-    x = d * c - (m_new_safe * c)[:, None]  # (M, N) log2 units, <= 0
+    shift = tl.where(m == float("-inf"), 0.0, (m - m_new_safe) * c)  # <= 0: the new max's move
+    alpha = tl.exp2(shift)  # 0 while the row was empty
+    x = d * c - (m_new_safe * c)[:, None]  # (M, N) log2 units, <= 0: the shift in one FMA
     if MASKED:
-        x = tl.maximum(x, -1e30)  # hidden: p = 0 and p x = 0 (no inf * 0)
+        x = tl.where(valid, x, -1e30)  # hidden: p = 0, p x = 0 and no part in q1, q2
+        xz = tl.where(valid, x, 0.0)
+    else:
+        xz = x
     p = tl.exp2(x)
     sx = alpha * (sx + shift * se) + tl.sum(p * x, 1)
     se = alpha * se + tl.sum(p, 1)
     m = m_new
-    # Chan et al.: the tile's mean and centred sum of squares, merged into the row's
-    if MASKED:
-        dz = tl.where(valid, d, 0.0)
-    else:
-        dz = d
-    mean_b = tl.sum(dz, 1) / tl.maximum(nb, 1.0)
-    e = dz - mean_b[:, None]
-    if MASKED:
-        e = tl.where(valid, e, 0.0)
-    m2_b = tl.sum(e * e, 1)
+    # sum x and sum x^2 straight, relative to the running max: moved to a new max per row
+    q1 = q1 + n * shift  # the old sums, moved to the new max
+    q2 = q2 + shift * (2.0 * (q1 - n * shift) + n * shift)
+    q1 = q1 + tl.sum(xz, 1)
+    q2 = q2 + tl.sum(xz * xz, 1)
     n_new = n + nb
-    w = nb / tl.maximum(n_new, 1.0)
-    delta = mean_b - mu
-    mu = mu + delta * w
-    M2 = M2 + m2_b + delta * delta * n * w
-    return m, se, sx, n_new, mu, M2, T1, T2
+    return m, se, sx, n_new, q1, q2, T1, T2
 
 
 @triton.jit
@@ -238,26 +232,26 @@ def site_kernel(
     se = tl.zeros((BLOCK_M,), tl.float32)  # sum 2^x, x = (d - m) c
     sx = tl.zeros((BLOCK_M,), tl.float32)  # sum 2^x x
     n = tl.zeros((BLOCK_M,), tl.float32)  # other keys
-    mu = tl.zeros((BLOCK_M,), tl.float32)  # their mean d
-    M2 = tl.zeros((BLOCK_M,), tl.float32)  # their centred sum of squares
+    q1 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x = (d - m) c
+    q2 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x^2
     T1 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # largest d per column pair
     T2 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # second largest per pair
 
     for n0 in range(lo_t, fs, BLOCK_N):
-        m, se, sx, n, mu, M2, T1, T2 = _tile(
-            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, mu, M2, T1, T2,
+        m, se, sx, n, q1, q2, T1, T2 = _tile(
+            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
             Tk, D, skt, skd, scaling, softcap, c,
             True, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
         )  # fmt: skip
     for n0 in range(fs, fe, BLOCK_N):
-        m, se, sx, n, mu, M2, T1, T2 = _tile(
-            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, mu, M2, T1, T2,
+        m, se, sx, n, q1, q2, T1, T2 = _tile(
+            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
             Tk, D, skt, skd, scaling, softcap, c,
             False, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
         )  # fmt: skip
     for n0 in range(fe, hi, BLOCK_N):
-        m, se, sx, n, mu, M2, T1, T2 = _tile(
-            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, mu, M2, T1, T2,
+        m, se, sx, n, q1, q2, T1, T2 = _tile(
+            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
             Tk, D, skt, skd, scaling, softcap, c,
             True, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
         )  # fmt: skip
@@ -274,8 +268,9 @@ def site_kernel(
     m2r = m2 * unit
     lr = tl.where(has_r, se, 0.0)
     ar = tl.where(has_r, sx * LN2, 0.0)  # sum e^(z - max) (z - max)
-    mur = mu * unit
-    M2r = M2 * (unit * unit)
+    n1 = tl.maximum(nr, 1.0)
+    mur = tl.where(has_r, (m + q1 / (n1 * c)) * unit, 0.0)  # mean z - f of the other keys
+    M2r = tl.maximum(q2 - q1 * q1 / n1, 0.0) * (LN2 * LN2)  # their centred sum of squares (z^2)
 
     # the other keys alone (_xsink)
     lr1 = tl.where(has_r, lr, 1.0)

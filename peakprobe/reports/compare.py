@@ -30,13 +30,14 @@ import jinja2
 import matplotlib
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
 from peakprobe import results, vocab
 from peakprobe.checkpoints_index import PYTHIA_LR_MAX
 from peakprobe.checkpoints_index.families import pythia_parameters, pythia_size
+from peakprobe.config import check_band
 from peakprobe.fits.curve import CurveFit, CurveResult, window_scan
-from peakprobe.fits.third import check_band, judge_third
+from peakprobe.fits.third import judge_third
+from peakprobe.formatting import num
 from peakprobe.reports import compare_figures as CF
 from peakprobe.reports.figures import RC
 from peakprobe.reports.tables import ReportError
@@ -130,14 +131,11 @@ def _lr_max(manifest: dict) -> float | None:
 
 
 def _loss_rows(run_dir: Path) -> pd.DataFrame:
-    files = sorted((run_dir / results.CHECKPOINTS).glob("*.parquet"))
-    parts = [pq.read_table(f, columns=["step", "tau", "value"],
-                           filters=[("site_kind", "==", "lm_head"), ("metric", "==", "loss")]
-                           ).to_pandas() for f in files]
-    parts = [p for p in parts if len(p)]
-    if not parts:
+    if not any((run_dir / results.CHECKPOINTS).glob("*.parquet")):
         return pd.DataFrame(columns=["step", "tau", "value"])
-    return pd.concat(parts).sort_values("step", kind="stable").drop_duplicates("step")
+    df = results.read_results(run_dir)
+    df = df[(df["site_kind"] == vocab.LM_HEAD) & (df["metric"] == vocab.LOSS)][["step", "tau", "value"]]
+    return df.sort_values("step", kind="stable").drop_duplicates("step")
 
 
 def member_from_run(run_dir: str | os.PathLike, *, band: tuple[float, float] = BAND,
@@ -147,8 +145,8 @@ def member_from_run(run_dir: str | os.PathLike, *, band: tuple[float, float] = B
     manifest = results.read_manifest(run_dir)
     if not (run_dir / results.FITS).exists():
         raise ReportError(f"{run_dir} has no {results.FITS}; run `peakprobe fit {run_dir}` first")
-    fits = pq.read_table(run_dir / results.FITS).to_pandas()
-    verdicts = results.read_json(run_dir / results.FITS_JSON) if (run_dir / results.FITS_JSON).exists() else {}
+    fits = results.read_fits(run_dir)
+    verdicts = results.read_fits_json(run_dir) if (run_dir / results.FITS_JSON).exists() else {}
     name = str(manifest.get("model") or run_dir.name)
     n_params, from_ = _parameters(manifest)
     loss_fit = fits[fits["fit"] == vocab.FIT_LOSS]
@@ -260,11 +258,6 @@ def members_table(members: list[Member]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _fmt(x, digits: int = 3) -> str:
-    v = _nan(x)
-    return "—" if math.isnan(v) else f"{v:.{digits}g}"
-
-
 def _params(x) -> str:
     """A parameter count as 70.4M / 1.41B; an em dash when unknown."""
     v = _nan(x)
@@ -274,20 +267,6 @@ def _params(x) -> str:
         if v >= scale:
             return f"{v / scale:.3g}{unit}"
     return f"{v:.0f}"
-
-
-def _json_safe(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return _json_safe(float(obj))
-    return obj
 
 
 @dataclass(frozen=True)
@@ -328,7 +307,7 @@ def compare_report(members: list[Member], out_dir: str | os.PathLike, *,
     results.write_bytes(out / "scan.csv", scan.to_csv(index=False, lineterminator="\n").encode())
     summary = {"format": 1, "band": list(band), "x_axis": x_label,
                "members": table.to_dict(orient="records"), "failed": failed or {}}
-    results.write_json(out / "members.json", _json_safe(summary))
+    results.write_json(out / "members.json", summary)
 
     names = [m.name for m in members]
     with matplotlib.rc_context(RC):
@@ -348,7 +327,7 @@ def compare_report(members: list[Member], out_dir: str | os.PathLike, *,
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined)
-    env.filters["num"] = _fmt
+    env.filters["num"] = num
     env.filters["params"] = _params
     page = env.get_template("compare.html").render(
         title=title or f"peakprobe comparison: {len(members)} members",

@@ -8,7 +8,6 @@ line, so the same run always gives the same bytes; NaN and infinities become JSO
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,10 @@ import pandas as pd
 
 from peakprobe import vocab
 from peakprobe.reports import science
+from peakprobe.reports.growth_factors import factors_block
+from peakprobe.reports.routers import router_table, routers_block
 from peakprobe.reports.tables import RunData, sensitivity_ranking
+from peakprobe.results import json_safe
 from peakprobe.vocab import (
     ATTN,
     BOTTLENECK_ATTENTION,
@@ -29,25 +31,6 @@ from peakprobe.vocab import (
 
 SUMMARY_FORMAT = 2
 TOP_SENSITIVE = 10
-
-
-def _clean(x: Any) -> Any:
-    """A JSON-safe copy: numpy scalars to Python, NaN/inf to None, containers recursively."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(float(x)) else None
-    if x is None or (isinstance(x, str)):
-        return x
-    if pd.isna(x):
-        return None
-    return str(x)
 
 
 def verdict_text(verdict: str, band: tuple[float, float], lo: Any = None, hi: Any = None) -> str:
@@ -83,8 +66,8 @@ def _loss_block(run: RunData, band: tuple[float, float]) -> dict | None:
         "t_max",
     ):
         value = given.get(key) if key in given else (row[key] if row is not None else None)
-        block[key] = _clean(value)
-    block["n_points"] = _clean(row["n_points"]) if row is not None else None
+        block[key] = json_safe(value)
+    block["n_points"] = json_safe(row["n_points"]) if row is not None else None
     block["flags"] = [s for s in str(row["flags"]).split(";") if s] if row is not None else []
     third_in_ci = given.get("third_in_ci")
     block["third_in_ci"] = bool(third_in_ci) if isinstance(third_in_ci, bool) else None
@@ -177,6 +160,21 @@ def _bottleneck_block(run: RunData, band: tuple[float, float]) -> dict:
     }
 
 
+def _roles_block(run: RunData, heads: pd.DataFrame) -> dict:
+    """Which attention heads hold a role at the last checkpoint, with its score and the step it
+    emerged at (``reports.roles``)."""
+    attn = heads[heads["site_kind"] == ATTN]
+    named = attn[attn["role"] != ""]
+    return {
+        "measured": bool(run.results["metric"].isin(list(vocab.ROLE_METRICS)).any()),
+        "threshold": vocab.ROLE_THRESHOLD,
+        "counts": {role: int((named["role"] == role).sum()) for role in vocab.ROLE_OF},
+        "heads": [{"label": vocab.site_label(ATTN, r.layer, r.head), "layer": int(r.layer),
+                   "head": int(r.head), "role": r.role, "score": float(r.role_score),
+                   "since_step": int(r.role_step)} for r in named.itertuples()],
+    }
+
+
 def build_digest(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
     """The summary.json object (documented field by field in docs/summary_schema.md)."""
     m = run.manifest
@@ -236,6 +234,9 @@ def build_digest(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
         "gains": science.gains_block(run, band),
         "window_scan": science.window_scan_block(run, band),
         "lm_head": lm_block,
+        "routers": routers_block(router_table(run)),
+        "roles": _roles_block(run, heads),
+        "logit_factors": factors_block(run, heads),
         "attention": {
             "n_sites": int(len(attn)),
             "n_layers": int(attn["layer"].max()) + 1 if not attn.empty else 0,
@@ -262,4 +263,4 @@ def build_digest(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
         "flags": [str(x) for x in run.verdicts.get("flags") or []],
         "figures": sorted(figures),
     }
-    return _clean(summary)
+    return json_safe(summary)

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator
 
 from peakprobe import vocab
+from peakprobe.formatting import num
 from peakprobe.reports.tables import Curve, site_matrix
 from peakprobe.vocab import ATTN, ATTN_ALL, ATTN_LAYER, LM_HEAD, PEAKED_ENTROPY, THIRD, site_label
 
@@ -115,7 +116,7 @@ def alpha_heatmap(heads: pd.DataFrame) -> RenderedFigure | None:
     vmax = max(0.5, float(np.percentile(finite, 98)))
     fig = _heatmap(mat, "viridis", vmin, vmax, "growth exponent α (line: 1/3)", (THIRD,))
     lm = heads[heads["site_kind"] == LM_HEAD]
-    lm_text = f" The LM head's α is {_num(lm['alpha'].iloc[0])}." if not lm.empty else ""
+    lm_text = f" The LM head's α is {num(lm['alpha'].iloc[0])}." if not lm.empty else ""
     return render(
         fig,
         "alpha_heatmap",
@@ -165,13 +166,13 @@ def _panel(ax, curve: Curve, time_axis: str, ylabel: str) -> None:
             "-",
             color="#d62728",
             linewidth=1.5,
-            label=f"fit α={_num(curve.alpha)}",
+            label=f"fit α={num(curve.alpha)}",
         )
         ax.loglog(curve.fit_t, curve.ref_value, "--", color="black", linewidth=1.0, label="α=1/3")
         ax.axvspan(curve.fit_t[0], curve.fit_t[-1], color="#eeeeee", zorder=0)
-    ci = f" [{_num(curve.alpha_lo)}, {_num(curve.alpha_hi)}]" if np.isfinite(curve.alpha_lo) else ""
+    ci = f" [{num(curve.alpha_lo)}, {num(curve.alpha_hi)}]" if np.isfinite(curve.alpha_lo) else ""
     _sparse_log_ticks(ax)
-    ax.set_title(f"{curve.label}  α={_num(curve.alpha)}{ci}")
+    ax.set_title(f"{curve.label}  α={num(curve.alpha)}{ci}")
     ax.set_xlabel(time_axis)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=7, loc="best", frameon=False)
@@ -224,7 +225,7 @@ def loss_figure(curve: Curve | None, time_axis: str) -> RenderedFigure | None:
             "-",
             color="#d62728",
             linewidth=1.5,
-            label=f"fit L0 + c·t^-α, α={_num(curve.alpha)}",
+            label=f"fit L0 + c·t^-α, α={num(curve.alpha)}",
         )
         ax.loglog(
             curve.fit_t,
@@ -237,7 +238,7 @@ def loss_figure(curve: Curve | None, time_axis: str) -> RenderedFigure | None:
         ax.axvspan(curve.fit_t[0], curve.fit_t[-1], color="#eeeeee", zorder=0)
         if np.isfinite(curve.L0) and curve.L0 > 0:
             ax.axhline(
-                curve.L0, color="grey", linestyle=":", linewidth=1.0, label=f"L0={_num(curve.L0)}"
+                curve.L0, color="grey", linestyle=":", linewidth=1.0, label=f"L0={num(curve.L0)}"
             )
     _sparse_log_ticks(ax)
     ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))  # a loss spans about one decade:
@@ -391,9 +392,32 @@ def window_scan_figure(rows: list[dict], band: tuple[float, float], time_axis: s
         "A law that holds gives a flat run of points inside the band.",
     )
 
-
-def _num(x: float) -> str:
-    """A number with 3 significant digits, or an em dash for NaN."""
-    if x is None or not np.isfinite(x):
-        return "—"
-    return f"{x:.3g}"
+def router_figure(series: pd.DataFrame, table: pd.DataFrame, time_axis: str) -> RenderedFigure | None:
+    """Each MoE router's logit std along training on log-log axes, with its fitted power law
+    (``table``: ``reports.routers.router_table``); None for a dense model."""
+    series = series[(series["t"].astype(float) > 0) & np.isfinite(series["value"].astype(float))
+                    & (series["value"].astype(float) > 0)]
+    if series.empty:
+        return None
+    fig = _new_figure(6.4, 3.6)
+    ax = fig.add_subplot()
+    layers = sorted(int(x) for x in series["layer"].unique())
+    cmap = matplotlib.colormaps["viridis"]
+    fitted = table.set_index("layer") if not table.empty else table
+    for i, layer in enumerate(layers):
+        s = series[series["layer"] == layer]
+        colour = cmap(i / max(1, len(layers) - 1))
+        alpha = fitted["alpha"].get(layer, np.nan) if len(fitted) else np.nan
+        name = site_label(vocab.ROUTER, layer) + (f" (α {alpha:.2f})" if np.isfinite(alpha) else "")
+        ax.plot(s["t"], s["value"], color=colour, marker="o", markersize=2.5,
+                label=name if len(layers) <= 9 else None)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _labels(ax, time_axis, "router logit std")
+    return render(
+        fig,
+        "router_curves",
+        "MoE routers: logit growth",
+        "The logit std over experts, averaged over tokens, of each router (colour from the first "
+        "layer, dark, to the last, yellow) at every checkpoint, with its fitted growth exponent α.",
+    )

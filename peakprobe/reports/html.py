@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,6 +20,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from peakprobe import vocab
+from peakprobe.formatting import num, pct
 from peakprobe.reports.figures import RenderedFigure
 from peakprobe.reports.markdown import dup_text, heads_line
 from peakprobe.reports.tables import RunData, sensitivity_ranking
@@ -31,26 +31,6 @@ MAX_LISTED_REVISIONS = 400
 TEMPLATE = "report.html.j2"
 
 
-def num(x: Any, digits: int = 4) -> str:
-    """A finite number with ``digits`` significant digits, an integer as is, else an em dash."""
-    if x is None or isinstance(x, bool):
-        return "—" if x is None else str(x)
-    if isinstance(x, (int, np.integer)):
-        return str(int(x))
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    return f"{v:.{digits}g}" if math.isfinite(v) else "—"
-
-
-def pct(x: Any) -> str:
-    """A share as a percentage with 3 significant digits, else an em dash."""
-    if x is None or isinstance(x, str) or not math.isfinite(float(x)):
-        return "—"
-    return f"{100.0 * float(x):.3g}%"
-
-
 def environment() -> Environment:
     """The report's jinja2 environment: package templates, autoescape, strict undefined."""
     env = Environment(
@@ -59,7 +39,7 @@ def environment() -> Environment:
         undefined=StrictUndefined,
         keep_trailing_newline=True,
     )
-    env.filters["num"] = num
+    env.filters["num"] = lambda x, digits=4: num(x, f".{digits}g")
     env.filters["pct"] = pct
     env.filters["yes"] = lambda x: {True: "yes", False: "no"}.get(x, "—")
     env.filters["site"] = lambda t: site_label(
@@ -102,10 +82,13 @@ HEAD_COLUMNS = (
     (vocab.FIRST_KEY_PROB, "final_first_key_prob", True),
     ("max logit", f"final_{vocab.LOGIT_MAX}", True),
     ("sensitivity", "sensitivity", True),
+    ("role", "role", False),
+    ("role since step", "role_step", True),
 )
 OPTIONAL_COLUMNS = ("sensitivity", f"final_{PEAKED_ENTROPY}", "final_beta_eff", "share", "gain_alpha",
                     f"final_{vocab.LOGIT_MAX}")
-TEXT_COLUMNS = ("site_class", "verdict")
+TEXT_COLUMNS = ("site_class", "verdict", "role")
+ROLE_COLUMNS = ("role", "role_step")  # shown when any head's role was measured
 
 
 def _cell(text: str, v: float | None = None, text_col: bool = False) -> dict:
@@ -118,27 +101,31 @@ def _heads_view(heads: pd.DataFrame) -> tuple[list[tuple[str, bool]], list[list[
         for c in HEAD_COLUMNS
         if (c[1] not in OPTIONAL_COLUMNS or bool(np.isfinite(heads[c[1]]).any()))
         and (c[1] != "verdict" or bool((heads["verdict"] != "").any()))
+        and (c[1] not in ROLE_COLUMNS or bool((heads["role"] != "").any()))
     ]
     rows = []
     for r in heads.to_dict("records"):
         lm = r["site_kind"] == LM_HEAD
+        router = r["site_kind"] == vocab.ROUTER
         cells = []
         for _, col, _ in cols:
             v = r[col]
             if col == "layer":
-                cells.append(_cell("LM" if lm else str(int(v))))
+                cells.append(_cell("LM" if lm else f"router {int(v)}" if router else str(int(v))))
             elif col == "head":
-                cells.append(_cell("—" if lm else str(int(v))))
+                cells.append(_cell("—" if lm or router else str(int(v))))
+            elif col == "role_step":
+                cells.append(_cell(str(int(v)) if v >= 0 else "—", float(v) if v >= 0 else None))
             elif col in TEXT_COLUMNS:
                 cells.append(_cell(str(v) or "—", text_col=True))
             elif col == "share":
                 cells.append(_cell(pct(v), repr(float(v)) if math.isfinite(v) else None))
             elif col == "alpha":
                 finite = math.isfinite(v)
-                text = f"{num(v, 3)} [{num(r['alpha_lo'], 3)}, {num(r['alpha_hi'], 3)}]"
+                text = f"{num(v, '.3g')} [{num(r['alpha_lo'], '.3g')}, {num(r['alpha_hi'], '.3g')}]"
                 cells.append(_cell(text, repr(float(v)) if finite else None))
             else:
-                cells.append(_cell(num(v)))
+                cells.append(_cell(num(v, ".4g")))
         rows.append(cells)
     return [(name, numeric) for name, _, numeric in cols], rows
 

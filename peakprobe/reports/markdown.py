@@ -8,18 +8,10 @@ written as code spans or escaped for table cells; nothing here reads files or th
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from peakprobe.formatting import num, pct
 from peakprobe.vocab import site_label
-
-
-def _n(x: Any, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "—"
-    if isinstance(x, float):
-        return f"{x:.{digits}g}"
-    return str(x)
 
 
 def _md(text: Any) -> str:
@@ -38,12 +30,12 @@ def _code(text: Any) -> str:
 
 
 def _ci(e: dict) -> str:
-    return f"{_n(e['alpha'])} [{_n(e['alpha_lo'])}, {_n(e['alpha_hi'])}]"
+    return f"{num(e['alpha'])} [{num(e['alpha_lo'])}, {num(e['alpha_hi'])}]"
 
 
 def _window(e: dict) -> str:
     pts = f", {e['n_points']} pts" if e.get("n_points") is not None else ""
-    return f"{_n(e['t_min'])}–{_n(e['t_max'])}{pts}"
+    return f"{num(e['t_min'])}–{num(e['t_max'])}{pts}"
 
 
 def _label(t: dict) -> str:
@@ -68,16 +60,12 @@ def dup_text(d: dict, code: Any = str) -> str:
     return text
 
 
-def _pct(x: Any) -> str:
-    return "—" if x is None else f"{100 * x:.3g}%"
-
-
 def _share(e: dict) -> str:
-    return f"{_pct(e['share'])} [{_pct(e['share_lo'])}, {_pct(e['share_hi'])}]"
+    return f"{pct(e['share'])} [{pct(e['share_lo'])}, {pct(e['share_hi'])}]"
 
 
 def _interval(e: dict, key: str) -> str:
-    return f"{_n(e[key])} [{_n(e[key + '_lo'])}, {_n(e[key + '_hi'])}]"
+    return f"{num(e[key])} [{num(e[key + '_lo'])}, {num(e[key + '_hi'])}]"
 
 
 def _yes(x: Any) -> str:
@@ -88,15 +76,15 @@ def heads_line(b: dict) -> str:
     """The head counts of the bottleneck block, in words (parts fit did not write are left out)."""
     parts = []
     if b["n_heads"] is not None:
-        parts.append(f"{_n(b['n_peaked'])} of {_n(b['n_heads'])} attention heads peaked")
+        parts.append(f"{num(b['n_peaked'])} of {num(b['n_heads'])} attention heads peaked")
     parts.append(
-        f"{_n(b['n_concentrating'])} concentrating, {_n(b['n_saturated'])} saturated, "
-        f"{_n(b['n_diffuse'])} diffuse"
+        f"{num(b['n_concentrating'])} concentrating, {num(b['n_saturated'])} saturated, "
+        f"{num(b['n_diffuse'])} diffuse"
     )
     if b["n_share_significant"] is not None and any(k["share"] is not None for k in b["kinds"]):
         parts.append(
-            f"{_n(b['n_share_significant'])} sites with a gain share significantly above "
-            f"{_pct(b['share_min'])} (Benjamini-Hochberg, FDR {_n(b['fdr'])})"
+            f"{num(b['n_share_significant'])} sites with a gain share significantly above "
+            f"{pct(b['share_min'])} (Benjamini-Hochberg, FDR {num(b['fdr'])})"
         )
     return "; ".join(parts) + "."
 
@@ -111,9 +99,60 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def digest_markdown(s: dict) -> str:
-    """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
-    band = f"[{_n(s['band'][0])}, {_n(s['band'][1])}]"
+def factor_lines(f: dict) -> list[str]:
+    """The section on why the logits grow (nothing when the run has no geometry fits)."""
+    if not f.get("measured"):
+        return []
+    lines = ["## Why the logits grow", "",
+             "The RMS logit over visible pairs is exactly scaling × q_rms × k_rms × qk_align, so "
+             "the growth exponents of the query norm, key norm and alignment add up to the RMS "
+             "logit's (least squares on log-log axes over the RMS logit's fit window, so they add up "
+             "exactly). For "
+             + ("all heads (no head is peaked)" if f["heads_of"] == "all heads" else "the peaked heads")
+             + ", the factor that carries the growth is the one with the largest exponent.", ""]
+    return lines + _table(
+        ["head", "logit_rms α", "q_rms α", "k_rms α", "qk_align α", "sum", "carried by"],
+        [[r["label"], num(r["alpha_logit_rms"]), num(r["alpha_q_rms"]), num(r["alpha_k_rms"]),
+          num(r["alpha_qk_align"]), num(r["alpha_sum"]), r["carrier"] or "—"] for r in f["rows"]])
+
+
+def role_lines(roles: dict) -> list[str]:
+    """The head roles' section (nothing when the run has no role scores)."""
+    if not roles.get("measured"):
+        return []
+    lines = ["## Head roles", "",
+             f"On the diagnostic batch of repeated random tokens: a head's role is the one whose "
+             f"score (induction, previous-token, duplicate-token; sink: first_key_prob) is "
+             f"largest at the last checkpoint, when at least {roles['threshold']:g}; it emerged at "
+             "the first checkpoint from which that score stays at or above the threshold.", ""]
+    if not roles["heads"]:
+        return lines + ["No head holds a role.", ""]
+    return lines + _table(["head", "role", "score", "since step"],
+                          [[h["label"], h["role"], num(h["score"]), str(h["since_step"])]
+                           for h in roles["heads"]])
+
+
+def router_lines(routers: list[dict]) -> list[str]:
+    """The MoE routers' section (nothing for a dense model)."""
+    if not routers:
+        return []
+    lines = ["## MoE routers", "",
+             "Per router: logit_std growth α [CI] and verdict, class, share of L − L0 [CI] when "
+             "measured, and at the last checkpoint the token-mean entropy, max prob and top-k "
+             "mass over experts, the entropy of the expert load (nats), the dead-expert fraction "
+             "and the largest load over the mean.", ""]
+    lines += _table(
+        ["router", "growth α [CI]", "verdict", "class", "share [CI]", "entropy", "max prob",
+         "top-k mass", "load entropy", "dead", "max/mean load"],
+        [[r["label"], _interval(r, "alpha"), r["verdict"] or "—", r["site_class"] or "—",
+          _share(r), num(r["final_entropy"]), num(r["final_max_prob"]), num(r["final_topk_mass"]),
+          num(r["final_load_entropy"]), num(r["final_dead_experts"]),
+          num(r["final_load_max_over_mean"])] for r in routers])
+    return lines
+
+
+def _headline(s: dict, band: str) -> list[str]:
+    """The title and the verdicts: loss law, bottleneck with its exponents, heads, flags."""
     lines = [f"# peakprobe report: {_code(s['model'])}", ""]
     p = s["peakedness"]
     if p["any_peaked"] is False:
@@ -126,7 +165,7 @@ def digest_markdown(s: dict) -> str:
     else:
         lines.append(
             f"- **Loss law:** L = L0 + c·t^-α with α = {_ci(loss)} "
-            f"({s['ci_level']:.0%} CI), L0 = {_n(loss['L0'])}, window {s['time_axis']} "
+            f"({s['ci_level']:.0%} CI), L0 = {num(loss['L0'])}, window {s['time_axis']} "
             f"{_window(loss)}; **{loss['verdict']}** against 1/3 (band {band}): "
             f"{loss['verdict_text']}."
         )
@@ -143,6 +182,12 @@ def digest_markdown(s: dict) -> str:
     if s["flags"]:
         lines.append(f"- **Flags:** {_md(', '.join(s['flags']))}")
     lines.append("")
+    return lines
+
+
+def _fits_sections(s: dict, band: str) -> list[str]:
+    """Exponents against 1/3, the loss contribution per softmax, the window scan."""
+    lines = []
     if s["exponents"]:
         lines += [
             "## Exponents against 1/3",
@@ -159,7 +204,7 @@ def digest_markdown(s: dict) -> str:
     else:
         lines += _table(
             ["site", "final G", "share of L − L0 [CI]", "decay α [CI]", "verdict", "window"],
-            [[g["label"], _n(g["final_gain"]), _share(g), _ci(g), g["verdict"] or "—",
+            [[g["label"], num(g["final_gain"]), _share(g), _ci(g), g["verdict"] or "—",
               _window(g) if g["t_min"] is not None else "—"] for g in s["gains"]["sites"]])
     lines += ["## Window scan α(t_min)", ""]
     if not s["window_scan"]["measured"]:
@@ -168,13 +213,19 @@ def digest_markdown(s: dict) -> str:
         if s["window_scan"]["drift"]:
             lines += ["**The exponent drifts with the window start** (two starts give disjoint intervals).", ""]
         lines += _table(["quantity", "t_min", "t_max", "α [CI]", "verdict"],
-                        [[_md(r["quantity"]), _n(r["t_min"]), _n(r["t_max"]), _ci(r), r["verdict"]]
+                        [[_md(r["quantity"]), num(r["t_min"]), num(r["t_max"]), _ci(r), r["verdict"]]
                          for r in s["window_scan"]["rows"]])
-    lines += ["## Peakedness", "", _md(p["statement"]), ""]
+    return lines
+
+
+def _peakedness_and_integrity(s: dict) -> list[str]:
+    """Peakedness by each criterion; duplicated and spike-flagged checkpoints."""
+    p = s["peakedness"]
+    lines = ["## Peakedness", "", _md(p["statement"]), ""]
     if p["criteria"]:
         lines += _table(["criterion", "attention heads peaked", "LM head"],
                         [[c["label"], f"{c['n_attn_peaked']} of {c['n_attn']}" if c["measured"]
-                          else "not measured", _n(c["lm_head"])] for c in p["criteria"]])
+                          else "not measured", num(c["lm_head"])] for c in p["criteria"]])
     ck = s["checkpoints"]
     lines += ["## Checkpoint integrity", ""]
     if ck["duplicates"]:
@@ -190,10 +241,16 @@ def digest_markdown(s: dict) -> str:
     if ck["spikes"]:
         lines.append(f"Loss spikes flagged by the fit, still fitted ({len(ck['spikes'])}):")
         for d in ck["spikes"]:
-            lines.append(f"- {_code(d['revision'])}: loss {_n(d['loss'])}, jump {_n(d['jump'])}")
+            lines.append(f"- {_code(d['revision'])}: loss {num(d['loss'])}, jump {num(d['jump'])}")
     else:
         lines.append("No spike-flagged checkpoint.")
     lines.append("")
+    return lines
+
+
+def _sites_sections(s: dict) -> list[str]:
+    """The evidence per kind, the top sites and the sensitivity ranking."""
+    b, lines = s["bottleneck"], []
     if b["kinds"]:
         lines += [
             "## Evidence per kind",
@@ -202,7 +259,7 @@ def digest_markdown(s: dict) -> str:
         lines += _table(
             ["kind", "peaked", "share of L − L0 [CI]", "q", "gain decay α [CI]", "verdict",
              "logit_std growth α [CI]", "verdict"],
-            [[k["label"], _yes(k["peaked"]), _share(k), _n(k["q_share"]), _interval(k, "alpha_gain"),
+            [[k["label"], _yes(k["peaked"]), _share(k), num(k["q_share"]), _interval(k, "alpha_gain"),
               k["gain_verdict"] or "—", _interval(k, "alpha_growth"), k["growth_verdict"] or "—"]
              for k in b["kinds"]])
     if b["top_sites"]:
@@ -212,8 +269,8 @@ def digest_markdown(s: dict) -> str:
         ]
         lines += _table(
             ["site", "peaked", "share [CI]", "gain α", "verdict", "class", "sensitivity"],
-            [[_label(t), _yes(t["peaked"]), _share(t), _n(t["alpha_gain"]), t["gain_verdict"] or "—",
-              t["site_class"] or "—", _n(t["sensitivity"])] for t in b["top_sites"]])
+            [[_label(t), _yes(t["peaked"]), _share(t), num(t["alpha_gain"]), t["gain_verdict"] or "—",
+              t["site_class"] or "—", num(t["sensitivity"])] for t in b["top_sites"]])
     sens = s["sensitivity"]
     lines.append("## Sensitivity ranking")
     lines.append("")
@@ -225,18 +282,30 @@ def digest_markdown(s: dict) -> str:
             "",
         ]
         lines += _table(["site", "d loss / d log β", "α", "class"],
-                        [[_label(t), _n(t["sensitivity"]), _n(t["alpha"]), t["site_class"] or "—"]
+                        [[_label(t), num(t["sensitivity"]), num(t["alpha"]), t["site_class"] or "—"]
                          for t in sens["top"]])
+    return lines
+
+
+def _provenance(s: dict) -> list[str]:
     c, d = s["checkpoints"], s["data"]
-    lines += [
+    return [
         "## Provenance",
         "",
         f"- model: {_code(s['model'])} (source: {_code(s['source'])})",
         f"- checkpoints: {c['n']} finished of {c['n_planned']} planned ({c['n_failed']} failed), "
         f"{_code(c['first_revision'])} … {_code(c['last_revision'])}; time axis {s['time_axis']}",
-        f"- data: {_code(d['spec'])}, {_n(d['n_windows'])} windows × {_n(d['window'])} tokens, {_code(d['token_hash'])}",
+        f"- data: {_code(d['spec'])}, {num(d['n_windows'])} windows × {num(d['window'])} tokens, {_code(d['token_hash'])}",
         "- versions: "
         + ", ".join(f"{_md(k)} {_code(v)}" for k, v in sorted(s["versions"].items())),
         "",
     ]
-    return "\n".join(lines)
+
+
+def digest_markdown(s: dict) -> str:
+    """summary.md: the verdicts, the key numbers and the provenance, for a terminal or a README."""
+    band = f"[{num(s['band'][0])}, {num(s['band'][1])}]"
+    return "\n".join(_headline(s, band) + _fits_sections(s, band) + _peakedness_and_integrity(s)
+                     + _sites_sections(s) + router_lines(s.get("routers") or [])
+                     + role_lines(s.get("roles") or {}) + factor_lines(s.get("logit_factors") or {})
+                     + _provenance(s))

@@ -24,6 +24,7 @@ from peakprobe.reports import science
 from peakprobe.reports.digest import build_digest
 from peakprobe.reports.html import render_html
 from peakprobe.reports.markdown import digest_markdown
+from peakprobe.reports.routers import router_series, router_table
 from peakprobe.reports.tables import (
     HEADS_SCHEMA,
     curve_sites,
@@ -39,14 +40,15 @@ from peakprobe.vocab import LM_HEAD
 
 FIGURE_NAMES = (
     "alpha_heatmap",
-    "peaked_heatmap",
     "peaked_entropy_heatmap",
+    "peaked_heatmap",
     "growth_curves",
     "loss_curve",
     "gain_curves",
     "window_scan",
     "sensitivity",
     "logit_max_curves",
+    "router_curves",
 )
 CURVE_HEADS = 6  # attention heads drawn in the growth panels (plus the LM head)
 
@@ -112,8 +114,8 @@ def render_report(
     with matplotlib.rc_context(F.RC):
         drawn = [
             F.alpha_heatmap(heads),
-            F.peaked_heatmap(heads, run.last_revision, vocab.LOGIT_STD),
             F.peaked_heatmap(heads, run.last_revision, "entropy"),
+            F.peaked_heatmap(heads, run.last_revision, vocab.LOGIT_STD),
         ]
         steps.update()
         sites, how = curve_sites(run, heads, CURVE_HEADS)
@@ -131,6 +133,7 @@ def render_report(
             F.window_scan_figure(summary["window_scan"]["rows"], tuple(summary["band"]), run.time_axis),
             F.sensitivity_figure(sensitivity_ranking(heads)),
             F.logit_max_figure(logit_max_series(run), run.time_axis),
+            F.router_figure(router_series(run), router_table(run), run.time_axis),
         ]
         rendered = {fig.name: fig for fig in drawn if fig is not None}
         steps.update()

@@ -277,11 +277,12 @@ def window_scan_block(run: RunData, band: tuple[float, float]) -> dict:
 
 
 # (label, heads column) of each peakedness criterion the page lists
+# the entropy-equivalent rule first: it is the headline (the bottleneck verdict's)
 CRITERIA = (
-    ("logit std > sqrt(2 ln n)", "final_peaked"),
     ("entropy-equivalent β_eff > sqrt(2 ln n)", f"final_{PEAKED_ENTROPY}"),
-    ("logit std, sink key left out", "final_peaked" + XSINK_SUFFIX),
+    ("logit std > sqrt(2 ln n)", "final_peaked"),
     ("entropy-equivalent, sink key left out", f"final_{PEAKED_ENTROPY}{XSINK_SUFFIX}"),
+    ("logit std, sink key left out", "final_peaked" + XSINK_SUFFIX),
 )
 
 

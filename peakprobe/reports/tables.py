@@ -18,16 +18,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from peakprobe import vocab
+from peakprobe.reports.roles import head_roles
 from peakprobe.results import (
     FITS,
     FITS_JSON,
     FITS_SCHEMA,
     read_failures,
+    read_fits,
+    read_fits_json,
     read_integrity_record,
-    read_json,
     read_manifest,
     read_results,
 )
@@ -95,6 +96,9 @@ HEADS_SCHEMA = pa.schema(
         ("q_share", pa.float64()),
         *[(f"final_{m}", pa.float64()) for m in TABLE_METRICS],
         ("sensitivity", pa.float64()),
+        ("role", pa.string()),
+        ("role_score", pa.float64()),
+        ("role_step", pa.int64()),
     ]
 )
 HEADS_COLUMNS = tuple(HEADS_SCHEMA.names)
@@ -155,15 +159,13 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
         raise ReportError(
             f"{run_dir} has no {FITS} / {FITS_JSON}; run `peakprobe fit {run_dir}` before reporting"
         )
-    fits = pq.read_table(fits_path).to_pandas()
+    fits = read_fits(run_dir)
     missing = [c for c in FITS_SCHEMA.names if c not in fits.columns]
     if missing:
         raise ReportError(
             f"{fits_path} lacks columns {', '.join(missing)}; re-run `peakprobe fit {run_dir}`"
         )
-    verdicts = read_json(json_path)
-    if not isinstance(verdicts, dict):
-        raise ReportError(f"{json_path} is not a JSON object; re-run `peakprobe fit {run_dir}`")
+    verdicts = read_fits_json(run_dir)
     time_axis = str(verdicts.get("time_axis") or "")
     if time_axis not in ("tau", "step"):
         axes = sorted(set(fits["time_axis"].dropna().astype(str)) & {"tau", "step"})
@@ -191,13 +193,13 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
 def _final_metrics(run: RunData) -> pd.DataFrame:
     """(site) x metric values at the last checkpoint, one row per site."""
     res = run.results
-    final = res[(res["revision"] == run.last_revision) & res["site_kind"].isin((ATTN, LM_HEAD))]
+    final = res[(res["revision"] == run.last_revision) & res["site_kind"].isin(vocab.CLASSIFIED_KINDS)]
     wide = final.pivot_table(index=SITE_KEYS, columns="metric", values="value", aggfunc="first")
     return wide
 
 
 def heads_table(run: RunData) -> pd.DataFrame:
-    """One row per site (attention heads then the LM head), columns ``HEADS_COLUMNS``.
+    """One row per site (attention heads, the LM head, MoE routers), columns ``HEADS_COLUMNS``.
 
     Fit columns come from the site's ``growth`` fit of ``logit_std`` in fits.parquet; ``final_*``
     columns from the last checkpoint; ``sensitivity`` from the last checkpoint's ``sensitivity``
@@ -207,7 +209,7 @@ def heads_table(run: RunData) -> pd.DataFrame:
     growth = fits[
         (fits["fit"] == vocab.FIT_GROWTH)
         & (fits["metric"] == vocab.LOGIT_STD)
-        & fits["site_kind"].isin((ATTN, LM_HEAD))
+        & fits["site_kind"].isin(vocab.CLASSIFIED_KINDS)
     ]
     growth = growth.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
     final = _final_metrics(run)
@@ -226,7 +228,7 @@ def heads_table(run: RunData) -> pd.DataFrame:
     for col in ("alpha_late", "alpha_late_lo", "alpha_late_hi", "q_growing"):
         out[col] = _column(growth, col, index, np.nan).astype("float64")
     out["peaked"] = _column(growth, "peaked", index, False).fillna(False).astype(bool)
-    gain = fits[(fits["fit"] == vocab.FIT_GAIN) & fits["site_kind"].isin((ATTN, LM_HEAD))]
+    gain = fits[(fits["fit"] == vocab.FIT_GAIN) & fits["site_kind"].isin(vocab.CLASSIFIED_KINDS)]
     gain = gain.drop_duplicates(SITE_KEYS, keep="last").set_index(SITE_KEYS)
     for col in ("alpha", "alpha_lo", "alpha_hi", "verdict"):
         out[f"gain_{col}"] = _column(gain, col, index, "" if col == "verdict" else np.nan)
@@ -243,6 +245,10 @@ def heads_table(run: RunData) -> pd.DataFrame:
         sens = final[SENSITIVITY].reindex(index).astype("float64")
     sens = sens.fillna(growth["sensitivity"].reindex(index).astype("float64"))
     out["sensitivity"] = sens
+    roles = head_roles(run.results).set_index(SITE_KEYS)
+    out["role"] = _column(roles, "role", index, "").astype(str)
+    out["role_score"] = _column(roles, "role_score", index, np.nan).astype("float64")
+    out["role_step"] = _column(roles, "role_step", index, -1).astype("int64")
     out = out.reset_index()
     out["layer"] = out["layer"].astype("int64")
     out["head"] = out["head"].astype("int64")

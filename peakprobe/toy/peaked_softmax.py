@@ -12,7 +12,7 @@ The KL gradient is written out (``kl_and_grad``: d KL / d z = p_student - p_teac
 is three small matmuls and two softmaxes; the optimizer itself is torch's own SGD / Adam.
 
 Public names: ``PeakedRun``, ``run_peaked_softmax``, ``summarize_peaked``, ``plot_peaked``,
-``cli_peaked``, ``peaked_window``, ``kl_and_grad``, ``rmsnorm``, ``run_to_dict``,
+``reproduce_peaked``, ``peaked_window``, ``kl_and_grad``, ``rmsnorm``, ``run_to_dict``,
 ``ToyConfigError``.
 """
 
@@ -29,16 +29,17 @@ from tqdm.auto import tqdm
 
 from peakprobe import vocab
 from peakprobe.fits.third import judge_third
+from peakprobe.probes.gaussian_entropy import peaked_threshold
 from peakprobe.results import write_json
 from peakprobe.toy import ToyConfigError
 from peakprobe.toy.plots import plot_peaked
-from peakprobe.vocab import BAND, peaked_threshold
+from peakprobe.vocab import BAND
 
 __all__ = [
     "DEFAULTS",
     "PeakedRun",
     "ToyConfigError",
-    "cli_peaked",
+    "reproduce_peaked",
     "format_peaked",
     "kl_and_grad",
     "peaked_window",
@@ -299,7 +300,7 @@ def run_to_dict(run: PeakedRun) -> dict:
     return out
 
 
-def cli_peaked(
+def reproduce_peaked(
     out_dir: Path,
     *,
     optimizer: str = "both",
@@ -307,7 +308,7 @@ def cli_peaked(
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """``peakprobe toy peaked``: train, fit, plot; write plots + summary.json into ``out_dir``."""
+    """``peakprobe toy peaked``: train, fit, plot; write plots + ``vocab.TOY_FILE`` into ``out_dir``."""
     names = ["sgd", "adam"] if optimizer.lower() == "both" else [optimizer.lower()]
     for name in names:
         if name not in DEFAULTS:
@@ -323,5 +324,5 @@ def cli_peaked(
                          if k in ("steps", "loss", "w_norm", vocab.LOGIT_STD)}
         summary["runs"][name] = fit
         summary["plots"] += [p.name for p in paths]
-    write_json(out_dir / "summary.json", summary)
+    write_json(out_dir / vocab.TOY_FILE, summary)
     return summary

@@ -1,33 +1,15 @@
 """Reduced dynamics of the solvable linear self-attention toy (derivation: docs/linear_attention.md).
 
-The setting (simulated in ``linear_attention``): K features with frequencies p_k ~ k^-(1+a); a
-sequence of task k has N context tokens x_i = g_i e_k with labels y_i = w g_i (g_i ~ N(0, 1),
-w = +-1 per sequence) and a query x_q = g_q e_k with target y_q = w g_q. A model of size M sees
-the first M features and predicts y_hat = <W_K h, W_Q x_q> with h = (1/N) sum_i y_i x_i; it is
-trained on 0.5 (y_q - y_hat)^2 by SGD with learning rate lr from W_K, W_Q ~ N(0, sigma0^2 / M).
+Per feature k <= M only the mode s_k = <W_K e_k, W_Q e_k> matters. With r = E[m^2] = 1 + 2/N,
+s* = 1/r and tau = lr * step, gradient flow gives the scalar ODE
 
-Per feature k <= M only the columns kappa_k = W_K e_k, q_k = W_Q e_k matter, through
-s_k = <kappa_k, q_k>. With r = 1 + 2/N, s* = 1/r, tau = lr * step, gradient flow gives
+    ds_k/dtau = p_k (1 - r s_k) sqrt(Delta_k + 4 s_k^2),   Delta_k conserved,            (*)
 
-    ds_k/dtau = p_k (1 - r s_k) sqrt(Delta_k + 4 s_k^2),   Delta_k = (|kappa|^2 + |q|^2)^2 - 4 s^2
-
-(Delta_k is conserved). For a balanced start (Delta = 0) this is the logistic Riccati equation
-ds/dtau = 2 p_k s (1 - r s), solved in closed form by ``riccati_s``. The loss is
-
-    L = L_inf(M) + (r/2) sum_{k<=M} p_k (s* - s_k)^2,   L_inf(M) = 1/(N+2) + (s*/2) sum_{k>M} p_k,
-
-so the loss above the context floor 1/(N+2) falls as t^-(a/(1+a)) until the model's M features
-are learned and then stays at (s*/2) sum_{k>M} p_k ~ M^-a.
-
-With a context length that varies per sequence, r = E[m^2] = 1 + 2 E[1/N] (``context_r``) and
-s* = 1/r; N = inf (m = 1) gives r = 1 and no floor. ``mode_exact`` solves (*) in closed form for
-any Delta >= 0, any r and any rate, which is what the finite-data reduced dynamics need (one
-rate and one r per feature and training set).
-
-Public names: ``feature_probs``, ``context_r``, ``s_star``, ``context_floor``, ``loss_floor``,
-``effective_s0``, ``half_time``, ``riccati_s``, ``mode_exact``, ``solve_modes``,
-``population_loss``, ``loss_from_modes``, ``reduced_dynamics``, ``ReducedDynamics``,
-``predicted_exponents``, ``asymptotic_reducible``.
+solved in closed form by ``mode_exact`` (any Delta, rate, r and start; ``riccati_s`` is the
+balanced-start logistic). The population loss of given modes is exact (``population_loss``).
+N drawn per sequence independently of the task changes only r (``context_r``); N tied to the
+task with the summed readout changes each feature's rate (``task_context_modes``,
+``task_context_exponent``). ``predicted_exponents`` holds the asymptotic exponents of every law.
 """
 
 from __future__ import annotations
@@ -55,6 +37,10 @@ __all__ = [
     "riccati_s",
     "s_star",
     "solve_modes",
+    "task_context_exponent",
+    "task_context_modes",
+    "task_contexts",
+    "task_half_time",
 ]
 
 
@@ -125,11 +111,11 @@ def riccati_s(tau: np.ndarray, probs: np.ndarray, *, context: float, s0: float) 
 
 
 def mode_exact(tau: np.ndarray, rate: np.ndarray, *, r: float | np.ndarray,
-               s0: float | np.ndarray, delta: float) -> np.ndarray:
+               s0: float | np.ndarray, delta: float | np.ndarray) -> np.ndarray:
     """Closed-form solution of ds/dtau = rate (1 - r s) sqrt(Delta + 4 s^2), one mode per entry.
 
-    ``tau`` (T,), ``rate`` (K,) (0: the mode never moves), ``r`` and ``s0`` scalars or (K,) ->
-    s (T, K). With s = (sqrt(Delta)/2) sinh(theta), x = e^theta and c = r sqrt(Delta)/2 the
+    ``tau`` (T,), ``rate`` (K,) (0: the mode never moves), ``r``, ``s0`` and ``delta`` scalars or
+    (K,) -> s (T, K); ``delta`` is either 0 everywhere or positive everywhere. With s = (sqrt(Delta)/2) sinh(theta), x = e^theta and c = r sqrt(Delta)/2 the
     equation separates: Q(x) = (x+ - x) / (x - x-) decays as exp(-2 sqrt(1 + c^2) rate tau),
     x+- = (1 +- sqrt(1 + c^2)) / c, and x+ is the fixed point s = 1/r (derivation in
     docs/linear_attention.md). Delta = 0 is the logistic ``riccati_s``.
@@ -138,11 +124,12 @@ def mode_exact(tau: np.ndarray, rate: np.ndarray, *, r: float | np.ndarray,
     rate = np.asarray(rate, dtype=np.float64)[None, :]  # (1, K)
     r = np.broadcast_to(np.asarray(r, dtype=np.float64), rate.shape[1:])[None, :]
     s0 = np.broadcast_to(np.asarray(s0, dtype=np.float64), rate.shape[1:])[None, :]
-    if delta <= 0.0:
+    delta = np.broadcast_to(np.asarray(delta, dtype=np.float64), rate.shape[1:])[None, :]
+    if np.all(delta <= 0.0):
         target = 1.0 / r
         x = np.clip(-2.0 * rate * tau, -700.0, 700.0)
         return np.broadcast_to(target / (1.0 + (target / s0 - 1.0) * np.exp(x)), (tau.shape[0], rate.shape[1]))
-    root = math.sqrt(delta)
+    root = np.sqrt(delta)  # (1, K)
     c = r * root / 2.0  # (1, K)
     rt = np.sqrt(1.0 + c * c)
     x_plus, x_minus = (1.0 + rt) / c, (1.0 - rt) / c
@@ -182,16 +169,19 @@ def solve_modes(tau: np.ndarray, probs: np.ndarray, *, context: float, s0: float
     return sol.y.T  # (T, M)
 
 
-def population_loss(s: np.ndarray, probs_all: np.ndarray, r: float) -> np.ndarray:
+def population_loss(s: np.ndarray, probs_all: np.ndarray, r: float | np.ndarray) -> np.ndarray:
     """Population loss of a model with modes s (..., M) when E[m^2] = r (s* = 1/r):
 
     (1 - s*)/2 + (s*/2) sum_{k>M} p_k + (r/2) sum_{k<=M} p_k (s* - s_k)^2   -> (...,).
-    """
+
+    ``r`` may differ per feature, (K,) like ``probs_all``: the summed readout of a task-coupled
+    context, whose modes are u_k = N_k s_k (``task_context_modes``)."""
     m = s.shape[-1]
-    p = probs_all[:m]  # (M,)
-    target = 1.0 / r
-    excess = 0.5 * r * ((target - s) ** 2 * p).sum(axis=-1)
-    return 0.5 * (1.0 - target) + 0.5 * target * float(probs_all[m:].sum()) + excess
+    r_all = np.broadcast_to(np.asarray(r, dtype=np.float64), probs_all.shape)  # (K,)
+    target = 1.0 / r_all
+    excess = 0.5 * (r_all[:m] * (target[:m] - s) ** 2 * probs_all[:m]).sum(axis=-1)
+    floor = 0.5 * float((probs_all * (1.0 - target)).sum())
+    return floor + 0.5 * float((target[m:] * probs_all[m:]).sum()) + excess
 
 
 def loss_from_modes(s: np.ndarray, probs_all: np.ndarray, model_size: int, context: float) -> np.ndarray:
@@ -256,16 +246,54 @@ def reduced_dynamics(
 def predicted_exponents(zipf_a: float) -> dict:
     """Asymptotic exponents of this model for p_k ~ k^-(1+a) (derivations: docs/linear_attention.md).
 
-    Loss above the context floor: ~ t^-(a/(1+a)) (``time``; also with N drawn per sequence,
-    ``time_random_context``), ~ M^-a (``model_size``; ~ P^-(a/2) in P = 2 M^2 weights,
-    ``params``), ~ D^-(a/(1+a)) (``data``, D training sequences); on the compute frontier with
-    C ~ M * steps, ~ C^-(a/(2+a)) (``compute``) at M_opt ~ C^(1/(2+a)) (``compute_size``), and
-    with the dense count C ~ M^2 * steps, C^-(a/(3+a)) (``compute_dense``). At a fixed time the
-    loss falls with the context length as (N+2)^-1 (``context``)."""
+    Loss above the context floor: ~ t^-(a/(1+a)) (``time``; also with N drawn per sequence
+    independently of the task, ``time_random_context``), ~ M^-a (``model_size``; ~ P^-(a/2) in
+    P = 2 M^2 weights, ``params``), ~ D^-(a/(1+a)) (``data``, D training sequences); on the
+    compute frontier with C ~ M * steps, ~ C^-(a/(2+a)) (``compute``) at M_opt ~ C^(1/(2+a))
+    (``compute_size``), and with the dense count C ~ M^2 * steps, C^-(a/(3+a))
+    (``compute_dense``). At a fixed time the loss falls with the context length as (N+2)^-1
+    (``context``). N tied to the task: ``task_context_exponent``."""
     a = float(zipf_a)
     return {"time": a / (1.0 + a), "model_size": a, "params": a / 2.0, "data": a / (1.0 + a),
             "compute": a / (2.0 + a), "compute_size": 1.0 / (2.0 + a),
             "compute_dense": a / (3.0 + a), "context": 1.0, "time_random_context": a / (1.0 + a)}
+
+
+def task_context_exponent(zipf_a: float, beta: float) -> float:
+    """Time exponent a/(1+a-beta) of the loss above its floor when the sequences of task k carry
+    N_k = N_0 k^beta context tokens and the readout sums over them (0 <= beta < 1+a): feature k
+    is learned at t ~ 1/(p_k N_k) ~ k^(1+a-beta) (docs/linear_attention.md, section 11)."""
+    a, b = float(zipf_a), float(beta)
+    if not 0.0 <= b < 1.0 + a:
+        raise ValueError(f"beta must lie in [0, 1 + a) = [0, {1.0 + a:g}), got {b:g}")
+    return a / (1.0 + a - b)
+
+
+def task_contexts(n_features: int, n0: float, beta: float) -> np.ndarray:
+    """N_k = N_0 k^beta for k = 1..n_features, (K,)."""
+    return float(n0) * np.arange(1, int(n_features) + 1, dtype=np.float64) ** float(beta)
+
+
+def task_context_modes(tau: np.ndarray, probs: np.ndarray, contexts: np.ndarray, *,
+                       init_scale: float) -> np.ndarray:
+    """Modes u_k = N_k s_k (T, M) of the summed readout from the independent start.
+
+    With h = w N m e_k the prediction is w g_q m u_k, so u follows (*) with rate p_k N_k,
+    r_k = 1 + 2/N_k and Delta_u = N_k^2 Delta, from u = 0 (``mode_exact``); ``probs`` and
+    ``contexts`` are the model's M features."""
+    n = np.asarray(contexts, dtype=np.float64)
+    delta = (2.0 * float(init_scale) ** 2) ** 2
+    return mode_exact(tau, probs * n, r=1.0 + 2.0 / n, s0=0.0, delta=n * n * delta)
+
+
+def task_half_time(k: np.ndarray, probs: np.ndarray, contexts: np.ndarray, *, lr: float,
+                   init_scale: float) -> np.ndarray:
+    """Step at which feature k (1-based) of the summed readout is half learned:
+    ln(u*/u0 - 1) / (2 lr p_k N_k), u* = 1/r_k, u0 = N_k sigma0^2 / 2 (``effective_s0``)."""
+    k = np.asarray(k) - 1
+    n = np.asarray(contexts, dtype=np.float64)[k]
+    u0 = n * effective_s0(init_scale)
+    return np.log(1.0 / ((1.0 + 2.0 / n) * u0) - 1.0) / (2.0 * lr * probs[k] * n)
 
 
 def asymptotic_reducible(t: np.ndarray, probs: np.ndarray, zipf_a: float, *, lr: float,

@@ -1,15 +1,14 @@
 """The scaling-law records of the linear-attention toy: verdicts, fits, and the compute frontier.
 
-Owns the per-law record (``LawResult`` with one ``Exponent`` per fitted law), the three-way
-verdict of a fitted exponent against this model's own predicted value (``judge_exponent``,
-band +-``BAND``, in the project's words ``peakprobe.vocab.CONSISTENT`` etc.), the power-law
-fit wrapper (``fit_exponent``: ``peakprobe.fits.fit_power_law``, 90% bootstrap interval), the
-compute frontier over model size and steps (``compute_frontier``), applied alike to the
-simulated and to the reduced loss curves, and the three laws read off the size sweep of
-``linear_attention`` (``time_law``, ``model_law``, ``compute_law``; ``comparison`` is a
-``linear_attention.LinearAttentionComparison``). The data and context experiments live in
-``linear_attention_data`` and ``linear_attention_context``; derivations in
-docs/linear_attention.md.
+Owns the names of the laws (``LAWS``), the per-law record (``LawResult`` with one ``Exponent``
+per fitted law), the three-way verdict of a fitted exponent against this model's own predicted
+value (``judge_exponent``, within +-``EXPONENT_HALF_WIDTH``, in the project's words
+``peakprobe.vocab.CONSISTENT`` etc.), the power-law fit wrapper (``fit_exponent``:
+``peakprobe.fits.fit_power_law``, 90% bootstrap interval), the compute frontier over model size
+and steps (``compute_frontier``), applied alike to the simulated and to the reduced loss curves,
+and the three laws read off the size sweep (``time_law``, ``model_law``, ``compute_law``;
+``comparison`` is a ``sweep.LinearAttentionComparison``). The data and context experiments are
+``data`` and ``context``; derivations in docs/linear_attention.md.
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ import numpy as np
 from peakprobe.vocab import CI_LEVEL, CONSISTENT, INCONCLUSIVE, INCONSISTENT
 
 __all__ = [
-    "BAND",
+    "EXPONENT_HALF_WIDTH",
+    "LAWS",
     "Exponent",
     "Frontier",
     "LawResult",
@@ -37,19 +37,22 @@ __all__ = [
     "time_law",
 ]
 
-#: half-width of the band around each law's predicted exponent
-BAND = 0.03
+#: the scaling laws the toy reproduces, in the order they are run and printed
+LAWS = ("time", "model", "data", "compute", "context")
+#: half-width of the interval around each law's predicted exponent that the verdict accepts
+EXPONENT_HALF_WIDTH = 0.03
 N_BOOT = 1000
 TITLES = {"time": "time", "model": "model size", "data": "data size", "compute": "compute",
           "context": "context length"}
 
 
-def judge_exponent(fitted: float, lo: float, hi: float, predicted: float, band: float = BAND) -> str:
+def judge_exponent(fitted: float, lo: float, hi: float, predicted: float,
+                   half_width: float = EXPONENT_HALF_WIDTH) -> str:
     """Three-way verdict of a fitted exponent with interval [lo, hi] against ``predicted``.
 
-    ``inconsistent`` when the fitted value itself lies more than ``band`` from the prediction;
-    ``consistent`` when the whole interval lies within predicted +- band; ``inconclusive``
-    otherwise (an interval that crosses the band's edge) or without a finite interval. Unlike the
+    ``inconsistent`` when the fitted value itself lies more than ``half_width`` from the
+    prediction; ``consistent`` when the whole interval lies within predicted +- half_width;
+    ``inconclusive`` otherwise (an interval that crosses an edge) or without a finite interval. Unlike the
     1/3 verdict (``peakprobe.fits.judge_third``) the interval need not contain the predicted
     value: the prediction is asymptotic, and the finite ranges simulated here shift the exponent
     by up to ~0.01 (the reduced dynamics show how much), more than the tightest intervals.
@@ -57,9 +60,9 @@ def judge_exponent(fitted: float, lo: float, hi: float, predicted: float, band: 
     values = (fitted, lo, hi, predicted)
     if any(v is None or not math.isfinite(v) for v in values) or lo > hi:
         return INCONCLUSIVE
-    if abs(fitted - predicted) > band:
+    if abs(fitted - predicted) > half_width:
         return INCONSISTENT
-    if predicted - band <= lo and hi <= predicted + band:
+    if predicted - half_width <= lo and hi <= predicted + half_width:
         return CONSISTENT
     return INCONCLUSIVE
 
@@ -77,17 +80,17 @@ class Exponent:
     reduced: float
     predicted: float
     verdict: str = INCONCLUSIVE
-    band: float = BAND
+    half_width: float = EXPONENT_HALF_WIDTH
 
     def __post_init__(self) -> None:
-        self.verdict = judge_exponent(self.fitted, self.lo, self.hi, self.predicted, self.band)
+        self.verdict = judge_exponent(self.fitted, self.lo, self.hi, self.predicted, self.half_width)
 
 
 @dataclass
 class LawResult:
     """One law: its exponents, the figure it wrote, run time and what the summary keeps."""
 
-    law: str  # one of linear_attention.LAWS
+    law: str  # one of LAWS
     title: str  # e.g. "model size"
     exponents: list[Exponent]
     figure: str = ""
@@ -130,9 +133,10 @@ def fit_exponent(x: np.ndarray, y: np.ndarray, *, decay: bool = True, n_boot: in
 
 
 def format_exponent(e: Exponent) -> str:
-    """``0.497 [0.48, 0.51] (90% CI), reduced 0.495; predicted 0.500 -> consistent (band +-0.03)``."""
+    """``0.497 [0.48, 0.51] (90% CI), reduced dynamics 0.495; predicted 0.500 -> consistent
+    (within +-0.03)``."""
     return (f"{e.fitted:.3f} [{e.lo:.3f}, {e.hi:.3f}] (90% CI), reduced dynamics {e.reduced:.3f}; "
-            f"predicted {e.predicted:.3f} -> {e.verdict} (band +-{e.band:g})")
+            f"predicted {e.predicted:.3f} -> {e.verdict} (within +-{e.half_width:g})")
 
 
 @dataclass

@@ -1,23 +1,9 @@
-"""Simulated training of the solvable linear self-attention toy and its five scaling laws.
+"""The size sweep of the linear-attention toy: the time, model-size and compute laws' data.
 
-The toy follows the setting of Lyu, Wang & Zhu, "A Solvable Attention for Neural Scaling Laws"
-(ICLR 2025) in our own concrete form (docs/linear_attention.md): multitask sparse feature
-regression learned in context by a softmax-free linear self-attention. Feature k (task k) has
-frequency p_k ~ k^-(1+a). A sequence of task k is N context tokens x_i = g_i e_k with labels
-y_i = w g_i and a query x_q = g_q e_k with target y_q = w g_q (g ~ N(0, 1), w = +-1 drawn per
-sequence, so w must be read from the context). A model of size M embeds the first M features
-and predicts
-
-    y_hat = (1/N) sum_i y_i <W_K x_i, W_Q x_q> = <W_K h, W_Q x_q>,   h = (1/N) sum_i y_i x_i,
-
-with W_K, W_Q in R^{M x M} initialised N(0, sigma0^2 / M), trained by SGD on 0.5 (y_q - y_hat)^2.
-
-This module owns the size sweep (``simulate_linear_attention``: ``seeds`` replicas per model
-size, each size trained to the same stage of its last feature) and its comparison with the
-reduced dynamics (``compare``), from which ``linear_attention_laws`` reads three laws (time,
-model size, compute) and their verdicts. The data law lives in ``linear_attention_data``, the
-context law in ``linear_attention_context``. ``cli_linear`` runs any subset of ``LAWS`` and
-writes the figures and ``summary.json``; ``format_linear`` prints one line per law.
+``simulate_linear_attention`` trains ``seeds`` replicas of every model size by SGD, each size to
+the same stage of its last feature, and bins the loss curves; ``compare`` sets them beside the
+reduced dynamics (``theory``) size by size, from which ``laws`` reads the time, model-size and
+compute exponents. The model and its derivation: docs/linear_attention.md.
 
 The loss of the sweep at a step is the mean loss of the fresh training batches (evaluated before
 the update) over a log-spaced bin of steps; the reduced dynamics are averaged over the same bins.
@@ -28,32 +14,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from peakprobe.results import write_json
 from peakprobe.toy import ToyConfigError
-from peakprobe.toy.linear_attention_laws import (
-    BAND,
-    Exponent,
-    LawResult,
-    compute_law,
-    fit_exponent,
-    format_exponent,
-    model_law,
-    time_law,
-)
-from peakprobe.toy.linear_attention_sim import (
-    bin_curve,
-    log_bins,
-    lsa_predict_dense,
-    lsa_step,
-    train_fresh,
-)
-from peakprobe.toy.linear_attention_theory import (
+from peakprobe.toy.linear_attention.config import DEFAULT
+from peakprobe.toy.linear_attention.laws import fit_exponent
+from peakprobe.toy.linear_attention.sim import bin_curve, log_bins, train_fresh
+from peakprobe.toy.linear_attention.theory import (
     ReducedDynamics,
     asymptotic_reducible,
     context_floor,
@@ -66,29 +36,17 @@ from peakprobe.toy.linear_attention_theory import (
     predicted_exponents,
     reduced_dynamics,
 )
-from peakprobe.toy.plots import plot_linear_attention
 
 __all__ = [
     "FULL",
-    "LAWS",
     "QUICK",
     "LinearAttentionComparison",
     "LinearAttentionSim",
-    "ToyConfigError",
-    "bin_curve",
-    "cli_linear",
     "compare",
-    "compute_law",
-    "format_linear",
-    "log_bins",
-    "lsa_predict_dense",
-    "lsa_step",
-    "plot_linear_attention",
-    "reduced_dynamics",
+    "final_steps",
     "simulate_linear_attention",
+    "size_steps",
 ]
-
-LAWS = ("time", "model", "data", "compute", "context")
 
 # The size sweep behind the time, model-size and compute laws. ``steps`` is the largest size's;
 # size M runs steps * (M / M_max)^(1+a) steps (at least MIN_STEPS), which takes every size to
@@ -96,8 +54,6 @@ LAWS = ("time", "model", "data", "compute", "context")
 # converged (model-size law) and every size passes its compute-optimal point (compute law).
 QUICK = dict(model_sizes=(8, 11, 16, 23, 32), steps=4600, seeds=8)
 FULL = dict(model_sizes=(8, 11, 16, 23, 32, 45, 64), steps=16000, seeds=8)
-BASE = dict(n_features=4096, zipf_a=0.8, context=32, batch=512, lr=1.0, init_scale=0.1,
-            init="independent", n_bins=40)
 MIN_STEPS = 200
 # the final loss of a size: mean population loss at FINAL_POINTS steps over the last FINAL_SPAN
 FINAL_POINTS, FINAL_SPAN = 8, 0.15
@@ -169,14 +125,14 @@ def simulate_linear_attention(
     model_sizes: tuple[int, ...] = QUICK["model_sizes"],
     steps: int = QUICK["steps"],
     seeds: int = QUICK["seeds"],
-    n_features: int = BASE["n_features"],
-    zipf_a: float = BASE["zipf_a"],
-    context: float = BASE["context"],
-    batch: int = BASE["batch"],
-    lr: float = BASE["lr"],
-    init_scale: float = BASE["init_scale"],
-    init: str = BASE["init"],
-    n_bins: int = BASE["n_bins"],
+    n_features: int = DEFAULT.n_features,
+    zipf_a: float = DEFAULT.zipf_a,
+    context: float = DEFAULT.context,
+    batch: int = DEFAULT.batch,
+    lr: float = DEFAULT.lr,
+    init_scale: float = DEFAULT.init_scale,
+    init: str = DEFAULT.init,
+    n_bins: int = DEFAULT.n_bins,
     scale_steps: bool = True,
     seed: int = 0,
     progress: bool = True,
@@ -331,117 +287,3 @@ def _summarize(table: pd.DataFrame, theory: dict, floor: float, n_boot: int, see
         "criteria": f"max |sim/ODE - 1| <= {AGREE_REL} over the window and "
                     f"|alpha_sim - alpha_ODE| <= {AGREE_ALPHA}, for >= 3 model sizes",
     }
-
-
-def _normalize_laws(laws: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
-    if laws is None or laws == "all":
-        return LAWS
-    names = (laws,) if isinstance(laws, str) else tuple(laws)
-    if "all" in names:
-        return LAWS
-    bad = [n for n in names if n not in LAWS]
-    if bad or not names:
-        raise ToyConfigError(f"unknown law(s) {bad or names}: choose from {', '.join(LAWS)} or all")
-    return tuple(n for n in LAWS if n in names)
-
-
-def _jsonable(obj: object) -> object:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
-
-
-def cli_linear(out_dir: Path, *, quick: bool = False, seed: int = 0, progress: bool = True,
-               laws: str | tuple[str, ...] | list[str] | None = None) -> dict:
-    """``peakprobe toy linear``: run the requested ``laws`` (None or "all": every one of
-    ``LAWS``), write one figure per law, ``linear_attention_table.csv`` (size sweep) and
-    ``summary.json`` into ``out_dir``; return the summary."""
-    from peakprobe.toy import (
-        linear_attention_context,
-        linear_attention_data,
-        linear_attention_plots,
-    )
-
-    chosen = _normalize_laws(laws)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    settings = {**BASE, **(QUICK if quick else FULL)}
-    summary: dict = {"toy": "linear_attention", "quick": bool(quick), "laws": list(chosen),
-                     "band": BAND, "config": dict(settings, seed=seed), "results": {}, "plots": []}
-    results: list[LawResult] = []
-    comparison = None
-    if {"time", "model", "compute"} & set(chosen):
-        t0 = time.perf_counter()
-        sim = simulate_linear_attention(**settings, seed=seed, progress=progress)
-        comparison = compare(sim, seed=seed)
-        sweep_s = time.perf_counter() - t0
-        summary["config"] = sim.config
-        summary["wall_s"] = sim.wall_s
-        summary.update(comparison.summary)
-        summary["table"] = comparison.table.to_dict(orient="records")
-        summary["curves"] = {"t": sim.t, "sim_mean": sim.loss.mean(axis=1),
-                             "reduced": comparison.reduced_binned}
-        comparison.table.to_csv(out_dir / "linear_attention_table.csv", index=False)
-        paths = plot_linear_attention(comparison, out_dir)
-        for law, fn in (("time", time_law), ("model", model_law)):
-            if law in chosen:
-                res = fn(comparison)
-                res.wall_s = sweep_s
-                results.append(res)
-        if "compute" in chosen:
-            res, plot_data = compute_law(comparison, seed=seed)
-            res.wall_s = sweep_s
-            paths.append(linear_attention_plots.plot_compute(comparison, res, plot_data, out_dir))
-            results.append(res)
-        summary["plots"] += [p.name for p in paths]
-    if "data" in chosen:
-        res, run = linear_attention_data.data_law(quick=quick, seed=seed, progress=progress,
-                                                  fresh=comparison)
-        summary["plots"].append(linear_attention_plots.plot_data(run, res, out_dir).name)
-        results.append(res)
-    if "context" in chosen:
-        res, run = linear_attention_context.context_law(quick=quick, seed=seed, progress=progress)
-        summary["plots"].append(linear_attention_plots.plot_context(run, res, out_dir).name)
-        results.append(res)
-    order = {law: i for i, law in enumerate(LAWS)}
-    results.sort(key=lambda r: order[r.law])
-    summary["results"] = {r.law: r.to_dict() for r in results}
-    summary["total_wall_s"] = time.perf_counter() - start
-    summary = _jsonable(summary)
-    write_json(out_dir / "summary.json", summary)
-    return summary
-
-
-def format_linear(summary: dict) -> str:
-    """What ``peakprobe toy linear`` prints: for the size sweep, whether simulation and reduced
-    dynamics agree and the time exponent in detail; then one line per law that was run."""
-    lines = []
-    if "n_sizes_agree" in summary:
-        lines.append(f"linear attention (a = {summary['config']['zipf_a']:g}): "
-                     f"{summary['n_sizes_agree']} model sizes agree with the reduced dynamics "
-                     f"({summary['criteria']}): {'yes' if summary['acceptance'] else 'no'}")
-        t = summary.get("time")
-        if t is not None and "time" in summary["results"]:
-            lines.append(
-                f"  time exponent, M = {t['model_size']}: simulation {t['alpha_sim']:.3f} "
-                f"[{t['alpha_sim_lo']:.3f}, {t['alpha_sim_hi']:.3f}] (90% CI), reduced ODE "
-                f"{t['alpha_reduced']:.3f}, closed form a/(1+a) = {t['alpha_theory']:.3f} "
-                "(set by the data spectrum, not by 1/3)")
-    for law in LAWS:
-        res = summary["results"].get(law)
-        if res is None:
-            continue
-        parts = [f"{e['law']}: {format_exponent(Exponent(**{k: e[k] for k in _EXP_KEYS}))}"
-                 for e in res["exponents"]]
-        lines.append(f"{res['title']}: " + "; ".join(parts))
-    return "\n".join(lines)
-
-
-_EXP_KEYS = ("name", "law", "fitted", "lo", "hi", "reduced", "predicted", "band")

@@ -1,7 +1,7 @@
 """Data-size law of the linear-attention toy: a finite training set reused over epochs.
 
 Every replica draws its own training set of D sequences and trains on it by full-batch gradient
-descent (one step = one epoch; ``linear_attention_sim.train_dataset``) for tau = lr * steps =
+descent (one step = one epoch; ``sim.train_dataset``) for tau = lr * steps =
 ``tau_per_seq`` * D. The loss reported is the population loss of the trained weights (exact
 for given modes, ``population_loss``), i.e. the loss on fresh data. Features the set never shows
 keep their initial s_k ~ 0; the others converge to the set's own optimum A_k / B_k.
@@ -25,9 +25,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from peakprobe.toy.linear_attention_laws import Exponent, LawResult, fit_exponent
-from peakprobe.toy.linear_attention_sim import draw_dataset, train_dataset
-from peakprobe.toy.linear_attention_theory import (
+from peakprobe.toy.linear_attention.config import DEFAULT
+from peakprobe.toy.linear_attention.laws import Exponent, LawResult, fit_exponent
+from peakprobe.toy.linear_attention.sim import draw_dataset, train_dataset
+from peakprobe.toy.linear_attention.theory import (
     context_r,
     feature_probs,
     mode_exact,
@@ -44,7 +45,6 @@ DATA_FULL = dict(model_size=64, sizes=(32, 45, 64, 91, 128, 181, 256, 362, 512),
                  tau_per_seq=20.0, lr=0.5, n_eval=24)
 DATA_QUICK = dict(model_size=64, sizes=(32, 64, 128, 256), replicas=16, tau_per_seq=20.0,
                   lr=0.5, n_eval=16)
-BASE = dict(n_features=4096, zipf_a=0.8, context=32, init_scale=0.1, init="independent")
 
 
 @dataclass
@@ -86,9 +86,9 @@ def _reduced_on_sets(tau: np.ndarray, a_sum: np.ndarray, b_sum: np.ndarray, n_se
 
 
 def run_data(*, model_size: int, sizes: tuple[int, ...], replicas: int, tau_per_seq: float,
-             lr: float, n_eval: int, n_features: int = BASE["n_features"],
-             zipf_a: float = BASE["zipf_a"], context: float = BASE["context"],
-             init_scale: float = BASE["init_scale"], init: str = BASE["init"], seed: int = 0,
+             lr: float, n_eval: int, n_features: int = DEFAULT.n_features,
+             zipf_a: float = DEFAULT.zipf_a, context: float = DEFAULT.context,
+             init_scale: float = DEFAULT.init_scale, init: str = DEFAULT.init, seed: int = 0,
              progress: bool = False, threads: int | None = 1) -> DataRun:
     """Train every replica on its own set of D sequences for each D in ``sizes``. ``threads``
     caps torch's intra-op threads during the run (small tensors: one thread is fastest)."""

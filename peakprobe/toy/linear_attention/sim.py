@@ -1,7 +1,6 @@
 """Training primitives of the solvable linear-attention toy: the update rules, the data, the runs.
 
-The model and data are described in ``linear_attention`` and docs/linear_attention.md. This
-module owns
+The model and data are described in docs/linear_attention.md. This module owns
 
 * ``lsa_step``: one SGD step on a fresh batch (the sparse gather form of the dense readout
   ``lsa_predict_dense``);
@@ -10,8 +9,9 @@ module owns
   only through A_k = sum_{j in k} g_q^2 m and B_k = sum_{j in k} g_q^2 m^2 (``draw_dataset``), so
   a step costs O(M^2) whatever D is; the tests check it against autograd on the dense readout;
 * ``train_fresh``: SGD with fresh batches for ``seeds`` replicas, optionally for several context
-  lengths at once (groups that share every random draw except m: common random numbers), or
-  with N drawn per sequence; it records the per-step batch loss and the modes
+  lengths at once (groups that share every random draw except m: common random numbers), with
+  N drawn per sequence independently of the task, or with N tied to the task and the summed
+  readout h = sum_i y_i x_i (= w N m e_k); it records the per-step batch loss and the modes
   s_k = <W_K e_k, W_Q e_k> at chosen steps (from which ``population_loss`` is exact);
 * ``train_dataset``: full-batch GD on one finite training set per replica;
 * ``log_bins`` / ``bin_curve``: the log-spaced step bins every curve is averaged over.
@@ -149,6 +149,21 @@ def _draw_context(rng: np.random.Generator, dist: tuple[np.ndarray, np.ndarray],
     return values[np.minimum(np.searchsorted(cdf, rng.random(shape)), len(values) - 1)]
 
 
+def _draw_readout(rng: np.random.Generator, task: np.ndarray, ctx: np.ndarray,
+                  context_dist: tuple[np.ndarray, np.ndarray] | None,
+                  task_context: np.ndarray | None) -> np.ndarray:
+    """The context's readout |h| of every sequence, (G, seeds, B) for ``task`` (seeds, B): m for
+    the mean readout (N per group ``ctx`` (G, 1, 1), or drawn per sequence from
+    ``context_dist``), N_k m for the summed readout with N tied to the task."""
+    shape = (1, *task.shape)
+    if context_dist is not None:
+        return _draw_m(rng, _draw_context(rng, context_dist, shape), shape)
+    if task_context is not None:  # summed readout: h = w N m e_k
+        n_task = task_context[task][None]  # (1, seeds, B)
+        return n_task * _draw_m(rng, n_task, shape)
+    return _draw_m(rng, ctx, (ctx.shape[0], *task.shape))
+
+
 @dataclass
 class FreshRun:
     """SGD on fresh batches: ``loss[r, t]`` the batch loss of replica r at step t (before the
@@ -172,6 +187,7 @@ def train_fresh(
     init: str,
     contexts: Sequence[float] = (32,),
     context_dist: tuple[np.ndarray, np.ndarray] | None = None,
+    task_context: np.ndarray | None = None,
     eval_steps: np.ndarray | None = None,
     seed: int = 0,
     progress: bool = False,
@@ -182,12 +198,14 @@ def train_fresh(
     Replica g * seeds + j has context length contexts[g]; the groups share the initial weights
     and every draw except m (common random numbers), so differences between groups are the
     effect of N alone. ``context_dist`` = (values, weights) instead draws N for every sequence
-    (then ``contexts`` must hold one entry). ``eval_steps``: steps (0..steps) at which the modes
+    (then ``contexts`` must hold one entry). ``task_context`` (K,) gives every sequence of task k
+    the context length task_context[k] and the summed readout h = w N m e_k (one group too).
+    ``eval_steps``: steps (0..steps) at which the modes
     are recorded, before the update of that step (``steps`` itself: after the last update).
     """
     m, groups = int(model_size), len(contexts)
-    if context_dist is not None and groups != 1:
-        raise ValueError("context_dist draws N per sequence: give a single group")
+    if (context_dist is not None or task_context is not None) and groups != 1:
+        raise ValueError("context_dist and task_context draw N per sequence: give a single group")
     seq = np.random.SeedSequence([int(seed), m, 7919])
     rng = np.random.default_rng(seq)
     gen = torch.Generator().manual_seed(int(seq.generate_state(1)[0]))
@@ -207,10 +225,7 @@ def train_fresh(
         task = np.minimum(np.searchsorted(cdf, rng.random((seeds, batch))), len(probs) - 1)
         sign = rng.integers(0, 2, (seeds, batch)) * 2.0 - 1.0
         g_q = rng.standard_normal((seeds, batch))
-        if context_dist is not None:
-            m_val = _draw_m(rng, _draw_context(rng, context_dist, (1, seeds, batch)), (1, seeds, batch))
-        else:
-            m_val = _draw_m(rng, ctx, (groups, seeds, batch))  # (G, seeds, B)
+        m_val = _draw_readout(rng, task, ctx, context_dist, task_context)  # (G, seeds, B)
         feat = torch.from_numpy(np.where(task < m, task, -1)).repeat(groups, 1)  # (S, B)
         sign_t = torch.from_numpy(sign).float().repeat(groups, 1)
         g_t = torch.from_numpy(g_q).float().repeat(groups, 1)
