@@ -23,9 +23,11 @@ from peakprobe.probes.merge import (
     SUM,
     merge_row_parts,
     pack,
+    pack_layers,
     reduce_accumulator,
     stack_sums,
     unpack,
+    unpack_layers,
 )
 from peakprobe.probes.rows import block_sums, row_stats
 
@@ -95,6 +97,23 @@ def test_local_heads_placed_at_global_indices():
     pd.testing.assert_frame_equal(merged[0].to_frame(), one.to_frame())
 
 
+def test_per_layer_tables_placed_and_summed():
+    """Per-layer head tables (the geometry and role sums) of two tensor-parallel ranks land at
+    their global heads; a rank placed nowhere adds zeros; what follows the tables comes back."""
+    g = torch.Generator().manual_seed(5)
+    whole = {0: torch.randn(4, 3, generator=g, dtype=torch.float64),
+             1: torch.randn(4, 3, generator=g, dtype=torch.float64)}  # layer -> (H, W)
+    packed = [pack_layers({k: t[2 * r : 2 * r + 2] for k, t in whole.items()},
+                          lambda grp, h, r=r: (2 * r, 4)) for r in (0, 1)]
+    total = packed[0][1] + packed[1][1]
+    got, rest = unpack_layers(packed[0][0], torch.cat([total, torch.tensor([7.0])]))
+    assert sorted(got) == [0, 1] and rest.tolist() == [7.0]
+    for k in whole:
+        assert torch.equal(got[k], whole[k])
+    slots, flat = pack_layers({0: whole[0]}, lambda grp, h: None)
+    assert slots == [(0, 4, 3)] and torch.equal(flat, torch.zeros(12, dtype=torch.float64))
+
+
 def test_vocabulary_shards_merge_max_and_lse_exactly():
     """Per-row sums of two vocabulary shards merge to the whole row's (max and lse combined)."""
     z, _ = _rows(3, n=61)
@@ -122,14 +141,9 @@ def _spawn(jobs: list[dict], out: Path) -> dict[str, list[dict]]:
             for j in jobs}
 
 
-#: per-head metrics computed outside the accumulators (the query-key geometry, head roles, the
-#: LM head's growth factors): the merge across ranks does not carry them all yet (docs/monitor.md)
-NOT_MERGED = set(vocab.GEOMETRY_METRICS) | set(vocab.ROLE_METRICS) | set(vocab.LM_FACTOR_METRICS)
-
-
 def _frame(where: Path, step: int = 0) -> pd.DataFrame:
     df = pd.read_parquet(where / "run" / "checkpoints" / f"step{step}.parquet")
-    return df[~df["metric"].isin(NOT_MERGED)].set_index(KEYS).sort_index()
+    return df.set_index(KEYS).sort_index()
 
 
 def _rel(a: pd.Series, b: pd.Series) -> pd.Series:

@@ -97,7 +97,7 @@ def lm_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
     return mask, target
 
 
-def _lm_head_factors(stats: RowStats, keys: Sums, hidden: torch.Tensor | None, dtype: torch.dtype) -> None:
+def lm_head_factors(stats: RowStats, keys: Sums, hidden: torch.Tensor | None, dtype: torch.dtype) -> None:
     """Add the LM head's growth factors to its per-position ``stats``: log Z from the softmax
     sums, and the norm of the ``hidden`` states (B, T, D) the head read, where given."""
     okf = stats.weight[vocab.ENTROPY]  # (B, T) 1 on kept rows
@@ -109,6 +109,37 @@ def _lm_head_factors(stats: RowStats, keys: Sums, hidden: torch.Tensor | None, d
         norm = hidden.detach().to(dtype).norm(dim=-1).to(okf.dtype).to(okf.device)
         stats.values[vocab.HIDDEN_NORM] = torch.where(okf > 0, norm, zero)
         stats.weight[vocab.HIDDEN_NORM] = okf
+
+
+def geometry_rows(parts: dict[int, tuple[torch.Tensor, float]]) -> list[tuple]:
+    """(site_kind, layer, head, metric, value, n_rows) of every head's geometry, from the
+    per-layer (H, S) geometry sums and the layer's logit scaling."""
+    rows = []
+    for layer, (sums, scaling) in sorted(parts.items()):
+        for name, (v, n) in geometry_values(sums, scaling).items():
+            for head, (x, c) in enumerate(zip(v.cpu().tolist(), n.cpu().tolist(), strict=True)):
+                rows.append((vocab.ATTN, layer, head, name, x, int(c)))
+    return rows
+
+
+def role_rows(parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> list[tuple]:
+    """(site_kind, layer, head, metric, value, n_rows) of every role score, from the per-layer
+    (H, R) role sums and counts."""
+    rows = []
+    for layer, (sums, counts) in sorted(parts.items()):
+        s, c = sums.cpu().tolist(), counts.cpu().tolist()
+        for head in range(len(s)):
+            for j, name in enumerate(vocab.ROLE_METRICS):
+                n = c[head][j]
+                rows.append((vocab.ATTN, layer, head, name, s[head][j] / n if n else float("nan"), int(n)))
+    return rows
+
+
+def unembed_sums(weight: torch.Tensor) -> tuple[float, int]:
+    """(sum of the unembedding's row norms in float64, rows) of a (V, D) weight: the LM head's
+    ``vocab.UNEMBED_NORM`` is their ratio (sums, so vocabulary shards add up)."""
+    w = weight.detach()
+    return float(w.to(torch.float64).norm(dim=-1).sum()), int(w.shape[0])
 
 
 class SiteStats:
@@ -210,23 +241,11 @@ class SiteStats:
 
     def geometry_rows(self) -> list[tuple]:
         """(site_kind, layer, head, metric, value, n_rows) of every head's geometry."""
-        rows = []
-        for layer, (sums, scaling) in sorted(self.geometry_parts.items()):
-            for name, (v, n) in geometry_values(sums, scaling).items():
-                for head, (x, c) in enumerate(zip(v.cpu().tolist(), n.cpu().tolist(), strict=True)):
-                    rows.append((vocab.ATTN, layer, head, name, x, int(c)))
-        return rows
+        return geometry_rows(self.geometry_parts)
 
     def role_rows(self) -> list[tuple]:
         """(site_kind, layer, head, metric, value, n_rows) of every role score measured."""
-        rows = []
-        for layer, (sums, counts) in sorted(self.role_parts.items()):
-            s, c = sums.cpu().tolist(), counts.cpu().tolist()
-            for head in range(len(s)):
-                for j, name in enumerate(vocab.ROLE_METRICS):
-                    n = c[head][j]
-                    rows.append((vocab.ATTN, layer, head, name, s[head][j] / n if n else float("nan"), int(n)))
-        return rows
+        return role_rows(self.role_parts)
 
     def ranges_broken(self) -> int:
         """Rows, since the last call, whose mask the kernel's key ranges could not express (one
@@ -262,7 +281,7 @@ class SiteStats:
             else:
                 keys, zt = self._lm_head_blocks(logits, target)
             stats = finish(keys, kept.to(logits.device), target_logit=zt, n_max=v)
-            _lm_head_factors(stats, keys, hidden, self.dtype)
+            lm_head_factors(stats, keys, hidden, self.dtype)
             self.accumulator.add_rows(SiteGroup(vocab.LM_HEAD, -1), stats, head_dim=None)
             w = stats.weight[vocab.LOSS]
             self._loss.append(torch.stack([(stats.values[vocab.LOSS] * w).sum(), w.sum()]))

@@ -28,7 +28,7 @@ from ..config import ProbeConfig
 from ..probes import MaskSpec
 from ..probes.ranges import cu_seq_starts
 from ..probes.roles import diagnostic_batch, role_targets
-from .engine import SiteStats, lm_targets, resolve_backend
+from .engine import SiteStats, lm_targets, resolve_backend, unembed_sums
 from .moe import hook_routers
 from .routing import UnsupportedModelError, call_original, original_attention, route_attention
 
@@ -196,9 +196,8 @@ class Probe:
         """The LM head's mean unembedding row norm (a weight figure, n_rows = V)."""
         if self.model is None or not (frame["site_kind"] == vocab.LM_HEAD).any():
             return []
-        w = self.model.get_output_embeddings().weight.detach()  # (V, D)
-        norm = float(w.to(torch.float64).norm(dim=-1).mean())
-        return [(vocab.LM_HEAD, -1, -1, vocab.UNEMBED_NORM, norm, int(w.shape[0]))]
+        total, n = unembed_sums(self.model.get_output_embeddings().weight)  # (V, D)
+        return [(vocab.LM_HEAD, -1, -1, vocab.UNEMBED_NORM, total / n, n)]
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy per-site values: site_kind, layer, head, metric, value, n_rows."""

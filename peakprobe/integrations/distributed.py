@@ -15,7 +15,10 @@ the probe forward on every rank:
   reduced with one all-reduce each (``probes.merge``): sums, counts and histograms SUM, maxima
   MAX. A tensor-parallel rank places its local heads at their global indices (rank r of n holds
   heads r H/n ... (r+1) H/n - 1, as Colwise sharding of the query projection gives); groups every
-  tensor-parallel rank computes whole (a replicated LM head) count on rank 0 of the mesh.
+  tensor-parallel rank computes whole (a replicated LM head) count on rank 0 of the mesh. The
+  per-head tables kept outside the accumulators ride on the same SUM all-reduce: the query-key
+  geometry sums (every rank's batches), the head-role sums of the diagnostic batch (run on every
+  rank, counted by data-parallel rank 0) and the unembedding's row-norm sums.
 * **Vocab-parallel LM head.** Logits that arrive as a DTensor sharded on the vocabulary are
   reduced per shard to mergeable per-row sums and all-gathered once per batch; the parts merge
   exactly (max and log-sum-exp combined, ``probes.merge.merge_row_parts``), the target logit
@@ -51,16 +54,20 @@ from ..checkpoint import check_model, uses_attention_interface
 from ..config import SweepConfig
 from ..data import EvalData
 from ..hooks import UnsupportedModelError, attach
+from ..hooks.engine import geometry_rows, lm_head_factors, role_rows, unembed_sums
 from ..hooks.sdpa import attach_sdpa
 from ..probes import Accumulator, SiteGroup
 from ..probes.accumulate import SiteSums
+from ..probes.geometry import GEOMETRY_SUMS
 from ..probes.merge import (
     MAX,
     SUM,
     Placement,
     merge_row_parts,
+    pack_layers,
     reduce_accumulator,
     stack_sums,
+    unpack_layers,
     zeros_like,
 )
 from ..probes.rows import attn_metric_names, block_sums, finish
@@ -209,11 +216,22 @@ class _Guard:
                 return self._attention(layer, query, key, value, **kw)
             except Exception as exc:  # noqa: BLE001 - kept and reported by rank 0
                 self._fail(exc)
-        names = attn_metric_names(kw.get("sinks") is not None)
-        group = SiteGroup(vocab.ATTN, layer)
-        if group not in self.stats.accumulator.groups():
-            self._placeholder(group, names, query.shape[1])
+        self._placeholders(layer, query.shape[1], kw)
         return None
+
+    def _placeholders(self, layer: int, heads: int, kw: dict) -> None:
+        """Zeros where a failed call left a layer's slots empty (the merged layout stays whole)."""
+        st, f64 = self.stats, torch.float64
+        if st.role_targets is not None:
+            if layer not in st.role_parts:
+                r = len(vocab.ROLE_METRICS)
+                st.role_parts[layer] = (torch.zeros(heads, r, dtype=f64), torch.zeros(heads, r, dtype=f64))
+            return
+        if layer not in st.geometry_parts:
+            st.geometry_parts[layer] = (torch.zeros(heads, len(GEOMETRY_SUMS), dtype=f64), kw.get("scaling", 1.0))
+        group = SiteGroup(vocab.ATTN, layer)
+        if group not in st.accumulator.groups():
+            self._placeholder(group, attn_metric_names(kw.get("sinks") is not None), heads)
 
     def lm_head(self, logits, kept, target, hidden=None):
         # a vocab-parallel head gathers across the ranks: it takes part even after an error
@@ -231,7 +249,7 @@ class _Guard:
         from torch.distributed.tensor import DTensor
 
         if _vocab_sharded(logits):
-            return vocab_parallel_lm_head(self.stats, logits, kept, target)
+            return vocab_parallel_lm_head(self.stats, logits, kept, target, hidden)
         if isinstance(logits, DTensor):
             logits = logits.full_tensor()  # replicated (or sharded elsewhere): the whole logits
         if isinstance(hidden, DTensor):
@@ -247,10 +265,13 @@ def _vocab_sharded(logits) -> bool:
         isinstance(p, Shard) and p.dim % logits.ndim == logits.ndim - 1 for p in logits.placements)
 
 
-def vocab_parallel_lm_head(stats, logits, kept: torch.Tensor, target: torch.Tensor) -> None:
+def vocab_parallel_lm_head(stats, logits, kept: torch.Tensor, target: torch.Tensor,
+                           hidden: torch.Tensor | None = None) -> None:
     """Add the LM head's statistics of ``logits`` (a DTensor (B, T, V) sharded on V) to
     ``stats``: per-row sums of the local shard, one all-gather over the mesh, parts merged
     exactly; every rank adds the same whole rows."""
+    from torch.distributed.tensor import DTensor
+
     f64 = torch.float64
     mesh = logits.device_mesh
     local = logits.to_local().detach()  # (B, T, V_r)
@@ -270,6 +291,9 @@ def vocab_parallel_lm_head(stats, logits, kept: torch.Tensor, target: torch.Tens
         has = sum(p[8] for p in parts)
         target_logit = torch.where(has > 0, sum(p[7] for p in parts), float("nan"))
         rows = finish(keys, kept.to(z.device), target_logit=target_logit, n_max=v)
+        if isinstance(hidden, DTensor):
+            hidden = hidden.full_tensor()
+        lm_head_factors(rows, keys, hidden, stats.dtype)
         stats.accumulator.add_rows(SiteGroup(vocab.LM_HEAD, -1), rows, head_dim=None)
 
 
@@ -290,48 +314,97 @@ class RankProbe:
     failures: dict[int, str] = field(default_factory=dict)
     traces: dict[int, str] = field(default_factory=dict)
     all_reduces: int = 0
-    template: Accumulator | None = None  # this rank's groups, empty (for ``probe_ranks``)
+    template: _Local | None = None  # this rank's layout, empty (for ``probe_ranks``)
 
 
-def _local_probe(model, data: EvalData, config: SweepConfig, layout: Layout, forward) -> tuple[Accumulator, _Guard | None, BaseException | None]:
-    """This rank's accumulator over its batches (guarded statistics), and its error if any."""
+@dataclass
+class _Local:
+    """One rank's share before the merge: its accumulator, the per-layer query-key geometry
+    sums (layer -> ((H_local, S), scaling)) and role sums and counts (layer -> (H_local, R) x 2),
+    and the unembedding's (sum of row norms, rows) this rank counts (``hooks.engine.unembed_sums``)."""
+
+    acc: Accumulator
+    geometry: dict = field(default_factory=dict)
+    roles: dict = field(default_factory=dict)
+    unembed: tuple[float, int] = (0.0, 0)
+
+    def zeros(self) -> _Local:
+        """The same layout holding nothing (a failed rank's contribution)."""
+        return _Local(zeros_like(self.acc),
+                      {k: (torch.zeros_like(g), c) for k, (g, c) in self.geometry.items()},
+                      {k: (torch.zeros_like(a), torch.zeros_like(b)) for k, (a, b) in self.roles.items()})
+
+
+def _unembed_share(model, layout: Layout) -> tuple[float, int]:
+    """(sum of row norms, rows) of the unembedding rows this rank counts: its own rows of a
+    weight sharded on the vocabulary (FSDP2, a vocab-parallel head), all of a whole weight on
+    rank 0 only."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        return 0.0, 0
+    w = head.weight
+    if isinstance(w, DTensor):
+        if any(isinstance(p, Shard) and p.dim == 0 for p in w.placements):
+            return unembed_sums(w.to_local())  # whole rows, disjoint over the ranks
+        w = w.full_tensor()  # a collective: every rank reaches it
+    return unembed_sums(w) if layout.rank == 0 else (0.0, 0)
+
+
+def _local_probe(model, data: EvalData, config: SweepConfig, layout: Layout, forward) -> tuple[_Local, _Guard | None, BaseException | None]:
+    """This rank's share over its batches (guarded statistics), and its error if any."""
     hf = forward is None and uses_attention_interface(model)
     batches, pad = rank_batches(data, config.batch_size, layout)
     guard = None
     try:
         check_model(model, data, type(model).__name__)
         with (attach(model, config.probe) if hf else attach_sdpa(model, config.probe)) as probe:
-            guard = _Guard(probe.stats)
+            stats = probe.stats
+            guard = _Guard(stats)
             run = (lambda b: probe.run_batch(*b)) if hf else (lambda b: probe.run_batch(*b, forward=forward))
             for batch in batches:
                 run(batch)
-            kept = probe.stats.accumulator
+            kept = stats.snapshot()
             for _ in range(pad):  # FSDP2: the forward is collective; these statistics are dropped
-                probe.stats.accumulator = Accumulator()
+                stats.restore((Accumulator(), {}))
                 run(next(iter(data.batches(config.batch_size))))
-                if not kept.groups():
-                    kept = zeros_like(probe.stats.accumulator)
-            probe.stats.accumulator = kept
-        return kept, guard, guard.error
+                if not kept[0].groups():
+                    kept = (zeros_like(stats.accumulator),
+                            {k: (torch.zeros_like(g), c) for k, (g, c) in stats.geometry_parts.items()})
+            stats.restore(kept)
+            if hf:  # head roles: every rank runs the diagnostic batch, one data-parallel copy counts
+                probe.run_roles()
+            local = _Local(stats.accumulator, dict(stats.geometry_parts), dict(stats.role_parts),
+                           _unembed_share(model, layout) if hf else (0.0, 0))
+            if layout.dp_rank != 0:  # a replica of what data-parallel rank 0 counts
+                local.roles = {k: (torch.zeros_like(a), torch.zeros_like(b)) for k, (a, b) in local.roles.items()}
+        return local, guard, guard.error
     except Exception as exc:  # noqa: BLE001 - reported through the merge
         if guard is not None and guard.error is None:
             guard._fail(exc)
-        return (guard.stats.accumulator if guard is not None else Accumulator()), guard, exc
+        if guard is None:
+            return _Local(Accumulator()), guard, exc
+        st = guard.stats
+        return _Local(st.accumulator, dict(st.geometry_parts), dict(st.role_parts)), guard, exc
 
 
 def probe_ranks(model: torch.nn.Module, data: EvalData, config: SweepConfig, layout: Layout, *,
                 forward: Callable | None = None, timeout: float = DEFAULT_TIMEOUT,
-                template: Accumulator | None = None) -> RankProbe:
+                template: _Local | None = None) -> RankProbe:
     """Probe on every rank and merge (see the module doc); call on every rank at once.
     ``template``: an earlier probe's ``RankProbe.template``, the layout a failed rank whose
     forward stopped early contributes its zeros in."""
     model = unwrap(model)
-    acc, guard, error = _local_probe(model, data, config, layout, forward)
+    local, guard, error = _local_probe(model, data, config, layout, forward)
     if error is not None and template is not None:
-        acc = template
+        local = template
+    if error is not None:
+        local = local.zeros()
     flags = torch.zeros(layout.world, dtype=torch.float64)
     flags[layout.rank] = 1.0 if error is not None else 0.0
     heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
+    place = placement(layout, heads)
     count = [0]
     reduce = _all_reduce(timeout)
 
@@ -339,9 +412,17 @@ def probe_ranks(model: torch.nn.Module, data: EvalData, config: SweepConfig, lay
         count[0] += 1
         reduce(t, op)
 
-    merged, failed = reduce_accumulator(zeros_like(acc) if error is not None else acc, counted,
-                                        place=placement(layout, heads), extra=flags)
-    out = RankProbe(None, all_reduces=count[0], template=None if error is not None else zeros_like(acc))
+    # everything that adds rides on the accumulator's SUM all-reduce: the failure flags, the
+    # geometry and role tables, the unembedding's sums
+    geo_slots, geo = pack_layers({k: g for k, (g, _) in local.geometry.items()}, place)
+    role_slots, role = pack_layers({k: torch.cat([a, b], -1) for k, (a, b) in local.roles.items()}, place)
+    extra = torch.cat([flags, geo.cpu(), role.cpu(), torch.tensor(local.unembed, dtype=torch.float64)])
+    merged, rest = reduce_accumulator(local.acc, counted, place=place, extra=extra)
+    rest = rest.cpu()
+    failed, rest = rest[: layout.world], rest[layout.world :]
+    geometry, rest = unpack_layers(geo_slots, rest)
+    roles, rest = unpack_layers(role_slots, rest)
+    out = RankProbe(None, all_reduces=count[0], template=None if error is not None else local.zeros())
     if failed.any():
         said = f"{type(error).__name__}: {error}".splitlines()[0] if error is not None else ""
         every: list = [None] * layout.world
@@ -354,6 +435,14 @@ def probe_ranks(model: torch.nn.Module, data: EvalData, config: SweepConfig, lay
     if layout.rank != 0:
         return out
     frame = merged.to_frame().reset_index(drop=True)
+    n_roles = len(vocab.ROLE_METRICS)
+    rows = (role_rows({k: (t[:, :n_roles], t[:, n_roles:]) for k, t in roles.items()})
+            + geometry_rows({k: (g, local.geometry[k][1]) for k, g in geometry.items()}))
+    if rest[1] > 0:
+        rows.append((vocab.LM_HEAD, -1, -1, vocab.UNEMBED_NORM, float(rest[0] / rest[1]), int(rest[1])))
+    if rows:
+        frame = pd.concat([frame, pd.DataFrame(rows, columns=list(frame.columns))], ignore_index=True)
+        frame = frame.sort_values(["site_kind", "layer", "head", "metric"], kind="stable").reset_index(drop=True)
     if config.attribution.active and not layout.sharded and forward is None and uses_attention_interface(model):
         subset = list(data.batches(config.batch_size, config.attribution.windows))  # (b, T) each
         extra = attribute(model, subset, heads=config.attribution.heads)

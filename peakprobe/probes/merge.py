@@ -120,6 +120,37 @@ def reduce_accumulator(acc: Accumulator, all_reduce: Callable[[torch.Tensor, str
     return unpack(slots, flat_sum, flat_max)
 
 
+#: one per-layer table's layout in a packed tensor: (layer, global heads, columns)
+LayerSlot = tuple[int, int, int]
+
+
+def pack_layers(parts: dict[int, torch.Tensor], place: Callable[[SiteGroup, int], Placement] | None = None,
+                ) -> tuple[list[LayerSlot], torch.Tensor]:
+    """Per-layer per-head sums (layer -> (H_local, W), like the query-key geometry or the role
+    scores) as (slots, one flat float64 tensor to ``SUM``), each layer's heads at ``place``'s
+    offset (zeros elsewhere; all zeros where ``place`` gives None), in layer order."""
+    slots, flat = [], []
+    for layer, local in sorted(parts.items()):
+        h, w = local.shape
+        where = (0, h) if place is None else place(SiteGroup(vocab.ATTN, layer), h)
+        heads = h if where is None else where[1]
+        full = torch.zeros(heads, w, dtype=_F64, device=local.device)
+        if where is not None:
+            full[where[0] : where[0] + h] = local.to(_F64)
+        slots.append((layer, heads, w))
+        flat.append(full.reshape(-1))
+    return slots, (torch.cat(flat) if flat else torch.zeros(0, dtype=_F64))
+
+
+def unpack_layers(slots: Sequence[LayerSlot], flat: torch.Tensor) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """The per-layer tables ``pack_layers`` packed (reduced), and what of ``flat`` follows them."""
+    out, i = {}, 0
+    for layer, heads, w in slots:
+        out[layer] = flat[i : i + heads * w].reshape(heads, w)
+        i += heads * w
+    return out, flat[i:]
+
+
 def zeros_like(acc: Accumulator) -> Accumulator:
     """An accumulator with ``acc``'s groups and nothing in them (zero rows, no maxima)."""
     out = Accumulator()
