@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -291,3 +293,16 @@ def test_top_site_share_intervals_are_printed_and_an_unbounded_end_is_named() ->
     assert _pct_ci(0.3, 3.65) == "[30%, 365%]"
     assert _pct_ci(0.0, 9.5e3) == "[0%, >1000%]"
     assert _pct_ci(None, float("nan")) == "[n/a, n/a]"
+
+
+def test_drop_share_reads_the_laws_difference_and_is_undefined_without_a_decrease():
+    """(G(t1) - G(t2)) / (L(t1) - L(t2)) from the fitted laws: with G = a t^-alpha and
+    L = L0 + c t^-alpha the share is a / c whatever L0; a loss law that does not fall gives NaN."""
+    from types import SimpleNamespace
+
+    from peakprobe.fits.classify import drop_share
+
+    got = drop_share({"alpha": 0.4, "c": 0.3}, None, SimpleNamespace(c=1.2, alpha=0.4, L0=5.0), None, 2.0, 50.0)
+    assert got["share"] == pytest.approx(0.25, rel=1e-12)
+    flat = drop_share({"alpha": 0.4, "c": 0.3}, None, SimpleNamespace(c=0.02, alpha=0.0, L0=4.1), None, 0.25, 4.2)
+    assert math.isnan(flat["share"]) and math.isnan(flat["share_lo"])

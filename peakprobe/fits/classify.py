@@ -102,6 +102,8 @@ def drop_share(fit: dict, boot, loss_fit, loss_boot, t1: float, t2: float) -> di
     if "alpha" not in fit or loss_fit is None or not t2 > t1:
         return out
     drop_l = loss_fit.c * (t1 ** -loss_fit.alpha - t2 ** -loss_fit.alpha)
+    if not drop_l > 0:  # the fitted loss does not fall over the window: no share of a decrease
+        return out
     out["share"] = fit["c"] * (t1 ** -fit["alpha"] - t2 ** -fit["alpha"]) / drop_l
     if boot is not None and loss_boot is not None:
         def g(t: float) -> np.ndarray:  # (B,) the refitted gain at t
