@@ -24,6 +24,7 @@ from planted_run import write_run
 from scipy.optimize import least_squares
 
 from peakprobe import results
+from peakprobe.config import FitConfig
 from peakprobe.fits import fit_run
 from peakprobe.fits.common import bootstrap_draws, resampled_errors
 from peakprobe.fits.growth import (
@@ -76,7 +77,7 @@ def main() -> None:
 
         t0 = time.perf_counter()
         cpu0 = time.process_time()
-        rf = fit_run(tmp, n_boot=args.n_boot, seed=0)
+        rf = fit_run(tmp, FitConfig(n_boot=args.n_boot, seed=0))
         t_fit = time.perf_counter() - t0
         cpu_fit = time.process_time() - cpu0
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from planted_run import write_run
 
+from peakprobe.config import FitConfig
 from peakprobe.fits import fit_run
 from peakprobe.reports import heads_table, load_run, render_report
 from peakprobe.reports.render import heads_csv_bytes
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         for run_dir, (n_layers, n_heads) in ((small, (6, 8)), (large, (args.layers, args.heads))):
             write_run(run_dir, n_layers, n_heads, n_checkpoints=args.checkpoints, seed=0,
                       duplicates={"step4": "step64"})
-            fit_run(run_dir, n_boot=args.n_boot)
+            fit_run(run_dir, FitConfig(n_boot=args.n_boot))
         print(f"setup (write_run + fit_run, n_boot {args.n_boot}, not timed): {time.perf_counter() - t0:.1f} s")
         render_report(small)  # warm-up: imports, font cache, matplotlib backends
 

@@ -21,6 +21,7 @@ import pytest
 from extras import missing
 from synthetic import make_run
 
+from peakprobe.config import FitConfig
 from peakprobe.fits import fit_run
 from peakprobe.reports import FIGURE_NAMES, render_report
 
@@ -89,7 +90,7 @@ def page(tmp_path_factory):
         base / "run", n_layers=3, n_heads=5, n_checkpoints=30, model=EVIL_MODEL, seed=5,
         duplicates={"step4": "step64"},
     )
-    fit_run(base / "run", n_boot=100)
+    fit_run(base / "run", FitConfig(n_boot=100))
     paths = render_report(base / "run")
     with open_page(paths.html, base) as driver:
         yield driver, base
