@@ -285,15 +285,9 @@ def finish(
     two_keys = (ok & (keys.n > 1)).to(f64)
     two_opt = two_keys if sink is None else (ok & (soft.n > 1)).to(f64)
     b_eff, p_ent = _peaked_entropy(entropy, opt_n)
-    values = {
-        vocab.ENTROPY: entropy,
-        vocab.ENTROPY_NORM: entropy / opt_n.log_n,
-        vocab.MAX_PROB: max_prob,
-        vocab.LOGIT_STD: std,
-        vocab.LOGIT_MAX_MINUS_MEAN: max_minus_mean,
-        vocab.LOGIT_TOP_GAP: keys.m - keys.m2,
-        vocab.PEAKED: (std > key_n.threshold).to(f64),
-    }
+    values = {vocab.ENTROPY: entropy, vocab.ENTROPY_NORM: entropy / opt_n.log_n, vocab.MAX_PROB: max_prob,
+              vocab.LOGIT_STD: std, vocab.LOGIT_MAX_MINUS_MEAN: max_minus_mean,
+              vocab.LOGIT_TOP_GAP: keys.m - keys.m2, vocab.PEAKED: (std > key_n.threshold).to(f64)}
     weight = {name: okf for name in values}
     weight[vocab.ENTROPY_NORM] = two_opt
     weight[vocab.LOGIT_TOP_GAP] = two_keys
@@ -302,11 +296,9 @@ def finish(
         weight[vocab.FIRST_KEY_PROB] = okf
     if target_logit is not None:
         _add_target(values, weight, target_logit.to(f64), ok, lse, keys.m - max_minus_mean)
-    values[vocab.BETA_EFF] = b_eff
-    values[vocab.PEAKED_ENTROPY] = p_ent
-    weight[vocab.BETA_EFF] = weight[vocab.PEAKED_ENTROPY] = two_opt
-    values[vocab.LOGIT_ROW_MAX] = keys.m  # the real options' max (a learned sink is not one)
-    weight[vocab.LOGIT_ROW_MAX] = okf
+    # the real options' max in LOGIT_ROW_MAX (a learned sink is not one)
+    values.update({vocab.BETA_EFF: b_eff, vocab.PEAKED_ENTROPY: p_ent, vocab.LOGIT_ROW_MAX: keys.m})
+    weight.update({vocab.BETA_EFF: two_opt, vocab.PEAKED_ENTROPY: two_opt, vocab.LOGIT_ROW_MAX: okf})
     if rest is not None:
         _add_xsink(values, weight, rest, ok, n_max)
     if sink is not None:
