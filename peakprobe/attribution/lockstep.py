@@ -24,6 +24,24 @@ Job = Callable[[Hashable, Callable[[float, int], float]], object]
 Evaluate = Callable[[int, Sequence[tuple[Hashable, float]]], Sequence[float]]
 
 
+def _answer(batch: dict[Hashable, tuple[float, int]], evaluate: Evaluate,
+            errors: list[BaseException]) -> dict[Hashable, float]:
+    """One round: every waiting search's (x, part) evaluated, one ``evaluate`` call per part.
+    A failed evaluation answers NaN to all (so that every search unblocks) and is kept in
+    ``errors``."""
+    by_part: dict[int, list[tuple[Hashable, float]]] = defaultdict(list)
+    for key, (x, part) in batch.items():
+        by_part[part].append((key, x))
+    answers: dict[Hashable, float] = {}
+    try:
+        for part, requests in sorted(by_part.items()):
+            answers.update(zip((k for k, _ in requests), evaluate(part, requests), strict=True))
+    except BaseException as exc:  # unblock every search, then raise
+        errors.append(exc)
+        return {key: math.nan for key in batch}
+    return answers
+
+
 def run_lockstep(keys: Iterable[Hashable], job: Job, evaluate: Evaluate) -> list:
     """``job(key, part_sum)`` for every key, their evaluations batched round by round; the
     results in the order of ``keys``. An exception in a job or in ``evaluate`` is raised here
@@ -66,17 +84,9 @@ def run_lockstep(keys: Iterable[Hashable], job: Job, evaluate: Evaluate) -> list
             cond.wait_for(lambda: len(waiting) + len(finished) == len(keys))
             if not waiting:
                 break
-            batch, round_ = dict(waiting), {}
+            batch = dict(waiting)
             waiting.clear()
-        by_part: dict[int, list[tuple[Hashable, float]]] = defaultdict(list)
-        for key, (x, part) in batch.items():
-            by_part[part].append((key, x))
-        try:
-            for part, requests in sorted(by_part.items()):
-                round_.update(zip((k for k, _ in requests), evaluate(part, requests), strict=True))
-        except BaseException as exc:  # unblock every search, then raise
-            errors.append(exc)
-            round_ = {key: math.nan for key in batch}
+        round_ = _answer(batch, evaluate, errors)
         with cond:
             answers.update(round_)
             cond.notify_all()

@@ -159,6 +159,30 @@ def window_scan(model: str, t: np.ndarray, y: np.ndarray, steps: np.ndarray,
     return pd.DataFrame(rows, columns=SCAN_COLUMNS)
 
 
+def _time_axis(tau: np.ndarray, steps: np.ndarray, sched) -> tuple[str, np.ndarray]:
+    """("tau", t) from the file's tau column or the schedule, else ("step", steps)."""
+    if np.isfinite(tau).all():
+        return "tau", tau
+    if sched is not None:
+        return "tau", np.asarray(sched.tau(steps.astype(float)), dtype=float)
+    return "step", steps.astype(float)
+
+
+def _parameter_count(part: pd.DataFrame, model: str, family: str | None,
+                     n_params: float | None) -> tuple[float | None, str]:
+    """(parameter count, where it came from): given, the file's column, Pythia's table, or unknown."""
+    given = part["n_params"].to_numpy(dtype=float)
+    given = given[np.isfinite(given) & (given > 0)]
+    size = pythia_size(family or model)
+    if n_params is not None:
+        return float(n_params), "given"
+    if len(given):
+        return float(given[0]), "file"
+    if size:
+        return float(pythia_parameters(size)), "pythia table"
+    return None, ""
+
+
 def fit_curve_models(
     curve: Curve,
     *,
@@ -183,17 +207,10 @@ def fit_curve_models(
         model = str(model)
         steps = part["step"].to_numpy(dtype=np.int64)
         y = part["value"].to_numpy(dtype=float)
-        tau_col = part["tau"].to_numpy(dtype=float)
-        flags = list(curve.flags)
         sched = _schedule_for(model, family, schedule)
         lr_max = float(sched.lr_max) if sched is not None else None
-        if np.isfinite(tau_col).all():
-            axis, t = "tau", tau_col
-        elif sched is not None:
-            axis, t = "tau", np.asarray(sched.tau(steps.astype(float)), dtype=float)
-        else:
-            axis, t = "step", steps.astype(float)
-            flags.append("tau_unknown")
+        axis, t = _time_axis(part["tau"].to_numpy(dtype=float), steps, sched)
+        flags = list(curve.flags) + (["tau_unknown"] if axis == "step" else [])
         keep = t > 0
         steps, t, y = steps[keep], t[keep], y[keep]
         win = steps >= t_min_step
@@ -209,24 +226,14 @@ def fit_curve_models(
                  else pd.DataFrame(columns=SCAN_COLUMNS))
         if table["drift"].any():
             flags.append("window_drift")
-        size = pythia_size(family or model)
-        given = part["n_params"].to_numpy(dtype=float)
-        given = given[np.isfinite(given) & (given > 0)]
-        if n_params is not None:
-            count, count_from = float(n_params), "given"
-        elif len(given):
-            count, count_from = float(given[0]), "file"
-        elif size:
-            count, count_from = float(pythia_parameters(size)), "pythia table"
-        else:
-            count, count_from = None, ""
+        count, count_from = _parameter_count(part, model, family, n_params)
         authors = authors_fit(t[win], y[win], (base.c, base.alpha, base.L0))
         i_min, rise, risen = ends_above_min(t[win], y[win], base)
         if risen:
             flags.append("ends_above_min")
         fits.append(CurveFit(
-            authors=authors, min_step=int(steps[win][i_min]), rise=rise, model=model, time_axis=axis, lr_max=lr_max, n_params=count, n_params_from=count_from,
-            steps=steps, t=t, loss=y,
+            authors=authors, min_step=int(steps[win][i_min]), rise=rise, model=model, time_axis=axis,
+            lr_max=lr_max, n_params=count, n_params_from=count_from, steps=steps, t=t, loss=y,
             in_window=win, fit=base, verdict=judge_third(base.alpha_lo, base.alpha_hi, band),
             scan=table, flags=flags + [f for f in base.flags if f not in flags],
         ))

@@ -120,6 +120,33 @@ def _clip(theta: np.ndarray, l0_max: np.ndarray, k_range: tuple[float, float]) -
     return theta
 
 
+def _normal_equations(theta: np.ndarray, xc: np.ndarray, y: np.ndarray, delta: float,
+                      powers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(J^T W J (M, 3, 3), J^T W r (M, 3)) of the Huber-weighted least squares at ``theta``
+    (M, 3); ``powers`` (n, 3): 1, xc, xc^2."""
+    f, u, mval = _model(theta, xc)
+    r = y - f  # (M, n)
+    w = delta / np.maximum(np.abs(r), delta)  # (M, n) Huber IRLS weights
+    # d f / d (L0, k, alpha) = (1 / M, u / M, -xc u / M): columns 1 and 2 differ by -xc
+    inv = 1.0 / mval
+    ju = u * inv
+    wi = w * inv
+    s_ii = (wi * inv).sum(axis=1)  # sum w / M^2
+    s_iu = (wi * ju) @ powers[:, :2]  # (M, 2): sum w u / M^2 (times 1, xc)
+    s_uu = (w * ju * ju) @ powers  # (M, 3): sum w u^2 / M^2 (times 1, xc, xc^2)
+    wr = w * r
+    g_i = (wr * inv).sum(axis=1)
+    g_u = (wr * ju) @ powers[:, :2]
+    a = np.empty((len(y), 3, 3))
+    a[:, 0, 0] = s_ii
+    a[:, 0, 1] = a[:, 1, 0] = s_iu[:, 0]
+    a[:, 0, 2] = a[:, 2, 0] = -s_iu[:, 1]
+    a[:, 1, 1] = s_uu[:, 0]
+    a[:, 1, 2] = a[:, 2, 1] = -s_uu[:, 1]
+    a[:, 2, 2] = s_uu[:, 2]
+    return a, np.stack([g_i, g_u[:, 0], -g_u[:, 1]], axis=1)
+
+
 def lm_fit(
     xc: np.ndarray,
     y: np.ndarray,
@@ -142,27 +169,7 @@ def lm_fit(
     fval = _objective(theta, xc, y, delta)
     powers = np.stack([np.ones_like(xc), xc, xc * xc], axis=1)  # (n, 3): sums of v, v xc, v xc^2
     for it in range(max_iter):
-        f, u, mval = _model(theta, xc)
-        r = y - f  # (M, n)
-        w = delta / np.maximum(np.abs(r), delta)  # (M, n) Huber IRLS weights
-        # d f / d (L0, k, alpha) = (1 / M, u / M, -xc u / M): columns 1 and 2 differ by -xc
-        inv = 1.0 / mval
-        ju = u * inv
-        wi = w * inv
-        s_ii = (wi * inv).sum(axis=1)  # sum w / M^2
-        s_iu = (wi * ju) @ powers[:, :2]  # (M, 2): sum w u / M^2 (times 1, xc)
-        s_uu = (w * ju * ju) @ powers  # (M, 3): sum w u^2 / M^2 (times 1, xc, xc^2)
-        wr = w * r
-        g_i = (wr * inv).sum(axis=1)
-        g_u = (wr * ju) @ powers[:, :2]
-        a = np.empty((len(y), 3, 3))
-        a[:, 0, 0] = s_ii
-        a[:, 0, 1] = a[:, 1, 0] = s_iu[:, 0]
-        a[:, 0, 2] = a[:, 2, 0] = -s_iu[:, 1]
-        a[:, 1, 1] = s_uu[:, 0]
-        a[:, 1, 2] = a[:, 2, 1] = -s_uu[:, 1]
-        a[:, 2, 2] = s_uu[:, 2]
-        g = np.stack([g_i, g_u[:, 0], -g_u[:, 1]], axis=1)  # (M, 3) = J^T W r
+        a, g = _normal_equations(theta, xc, y, delta, powers)
         damped = a.copy()
         for i in range(3):
             damped[:, i, i] += lam * a[:, i, i] + 1e-12
@@ -284,6 +291,19 @@ def fit_loss_law(t: np.ndarray, L: np.ndarray, **options: Any) -> LossFit:
     return fit_loss_law_boot(t, L, **options)[0]
 
 
+def _bootstrap(xc: np.ndarray, f: np.ndarray, res: np.ndarray, theta: np.ndarray,
+               k_range: tuple[float, float], delta: float, n_boot: int, seed: int) -> np.ndarray:
+    """(B, 3) refits of the residual bootstrap around the fitted log losses ``f`` (1, n)."""
+    n = len(xc)
+    idx, z = bootstrap_draws(n, n_boot, seed)
+    scaled = res * np.sqrt(n / (n - 3))  # the usual residual rescaling for 3 parameters
+    ystar = f + resampled_errors(scaled[None, :], idx, z)[0]  # (B, n)
+    l0_max = np.exp(ystar.min(axis=1))
+    start = np.repeat(theta[None, :], n_boot, axis=0)
+    start[:, 0] = np.minimum(start[:, 0], l0_max)
+    return lm_fit(xc, ystar, start, l0_max, k_range, delta, BOOT_ITERS, tol=1e-8)
+
+
 def fit_loss_law_boot(t: np.ndarray, L: np.ndarray, **options: Any) -> tuple[LossFit, LossBoot | None]:
     """`fit_loss_law` that also returns the bootstrap refits (None when n_boot = 0)."""
     o = FitOptions(**options)
@@ -303,21 +323,14 @@ def fit_loss_law_boot(t: np.ndarray, L: np.ndarray, **options: Any) -> tuple[Los
 
     f = _model(theta[None, :], xc)[0]  # (1, n)
     res = y - f[0]
-    if n_boot > 0:
-        idx, z = bootstrap_draws(n, n_boot, seed)
-        scaled = res * np.sqrt(n / (n - 3))  # the usual residual rescaling for 3 parameters
-        ystar = f + resampled_errors(scaled[None, :], idx, z)[0]  # (B, n)
-        l0_max = np.exp(ystar.min(axis=1))
-        start = np.repeat(theta[None, :], n_boot, axis=0)
-        start[:, 0] = np.minimum(start[:, 0], l0_max)
-        boot = lm_fit(xc, ystar, start, l0_max, k_range, delta, BOOT_ITERS, tol=1e-8)
+    boot = _bootstrap(xc, f, res, theta, k_range, delta, n_boot, seed) if n_boot > 0 else None
+    if boot is not None:
         a_lo, a_hi = percentile_interval(boot[:, 2], ci)
         l_lo, l_hi = percentile_interval(boot[:, 0], ci)
         loss_boot = LossBoot(theta=boot, xbar=float(xbar))
     else:
         a_lo = a_hi = l_lo = l_hi = np.float64(np.nan)
         loss_boot = None
-
     ss_res = float((res * res).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
@@ -329,21 +342,8 @@ def fit_loss_law_boot(t: np.ndarray, L: np.ndarray, **options: Any) -> tuple[Los
     if dropped:
         flags.append("dropped_points")
     in_ci, dist = third_distance(alpha, float(a_lo), float(a_hi))
-    fit = LossFit(
-        alpha=alpha,
-        alpha_lo=float(a_lo),
-        alpha_hi=float(a_hi),
-        c=float(np.exp(k + alpha * xbar)),
-        L0=l0,
-        L0_lo=float(l_lo),
-        L0_hi=float(l_hi),
-        r2=r2,
-        n_points=n,
-        t_min=float(tt[0]),
-        t_max=float(tt[-1]),
-        monotone=bool(monotone[0]),
-        flags=tuple(flags),
-        third_in_ci=in_ci,
-        third_distance_ci=dist,
-    )
+    fit = LossFit(alpha=alpha, alpha_lo=float(a_lo), alpha_hi=float(a_hi), c=float(np.exp(k + alpha * xbar)),
+                  L0=l0, L0_lo=float(l_lo), L0_hi=float(l_hi), r2=r2, n_points=n, t_min=float(tt[0]),
+                  t_max=float(tt[-1]), monotone=bool(monotone[0]), flags=tuple(flags),
+                  third_in_ci=in_ci, third_distance_ci=dist)
     return fit, loss_boot

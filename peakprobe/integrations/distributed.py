@@ -389,6 +389,59 @@ def _local_probe(model, data: EvalData, config: SweepConfig, layout: Layout, for
         return _Local(st.accumulator, dict(st.geometry_parts), dict(st.role_parts)), guard, exc
 
 
+@dataclass
+class _Merged:
+    """What one merge gave every rank: the accumulator, the failure flags (one per rank), the
+    per-layer geometry and role tables, the unembedding's (sum of row norms, rows)."""
+
+    acc: Accumulator
+    failed: torch.Tensor
+    geometry: dict
+    roles: dict
+    unembed: torch.Tensor
+
+
+def _merge(local: _Local, failed: bool, layout: Layout, place, reduce) -> _Merged:
+    """One SUM and one MAX all-reduce: the accumulator, and riding on its SUM the failure flags,
+    the geometry and role tables and the unembedding's sums."""
+    flags = torch.zeros(layout.world, dtype=torch.float64)
+    flags[layout.rank] = float(failed)
+    geo_slots, geo = pack_layers({k: g for k, (g, _) in local.geometry.items()}, place)
+    role_slots, role = pack_layers({k: torch.cat([a, b], -1) for k, (a, b) in local.roles.items()}, place)
+    extra = torch.cat([flags, geo.cpu(), role.cpu(), torch.tensor(local.unembed, dtype=torch.float64)])
+    acc, rest = reduce_accumulator(local.acc, reduce, place=place, extra=extra)
+    rest = rest.cpu()
+    flags, rest = rest[: layout.world], rest[layout.world :]
+    geometry, rest = unpack_layers(geo_slots, rest)
+    roles, rest = unpack_layers(role_slots, rest)
+    return _Merged(acc, flags, geometry, roles, rest)
+
+
+def _merged_frame(m: _Merged, scaling: dict) -> pd.DataFrame:
+    """The tidy frame of a merge: the accumulator's metrics, the role scores, the geometry
+    (``scaling``: layer -> the logit scaling) and the unembedding norm."""
+    frame = m.acc.to_frame().reset_index(drop=True)
+    n_roles = len(vocab.ROLE_METRICS)
+    rows = (role_rows({k: (t[:, :n_roles], t[:, n_roles:]) for k, t in m.roles.items()})
+            + geometry_rows({k: (g, scaling[k]) for k, g in m.geometry.items()}))
+    total, n = m.unembed.tolist()
+    if n > 0:
+        rows.append((vocab.LM_HEAD, -1, -1, vocab.UNEMBED_NORM, total / n, int(n)))
+    if not rows:
+        return frame
+    frame = pd.concat([frame, pd.DataFrame(rows, columns=list(frame.columns))], ignore_index=True)
+    return frame.sort_values(["site_kind", "layer", "head", "metric"], kind="stable").reset_index(drop=True)
+
+
+def _said_failures(out: RankProbe, failed: torch.Tensor, error, guard, world: int) -> None:
+    """Every rank's one-line error and traceback gathered (one collective) into ``out``."""
+    said = f"{type(error).__name__}: {error}".splitlines()[0] if error is not None else ""
+    every: list = [None] * world
+    dist.all_gather_object(every, (said, guard.trace if guard is not None else ""))
+    for r in torch.nonzero(failed).flatten().tolist():
+        out.failures[r], out.traces[r] = every[r]
+
+
 def probe_ranks(model: torch.nn.Module, data: EvalData, config: SweepConfig, layout: Layout, *,
                 forward: Callable | None = None, timeout: float = DEFAULT_TIMEOUT,
                 template: _Local | None = None) -> RankProbe:
@@ -397,14 +450,9 @@ def probe_ranks(model: torch.nn.Module, data: EvalData, config: SweepConfig, lay
     forward stopped early contributes its zeros in."""
     model = unwrap(model)
     local, guard, error = _local_probe(model, data, config, layout, forward)
-    if error is not None and template is not None:
-        local = template
     if error is not None:
-        local = local.zeros()
-    flags = torch.zeros(layout.world, dtype=torch.float64)
-    flags[layout.rank] = 1.0 if error is not None else 0.0
+        local = (template if template is not None else local).zeros()
     heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
-    place = placement(layout, heads)
     count = [0]
     reduce = _all_reduce(timeout)
 
@@ -412,37 +460,16 @@ def probe_ranks(model: torch.nn.Module, data: EvalData, config: SweepConfig, lay
         count[0] += 1
         reduce(t, op)
 
-    # everything that adds rides on the accumulator's SUM all-reduce: the failure flags, the
-    # geometry and role tables, the unembedding's sums
-    geo_slots, geo = pack_layers({k: g for k, (g, _) in local.geometry.items()}, place)
-    role_slots, role = pack_layers({k: torch.cat([a, b], -1) for k, (a, b) in local.roles.items()}, place)
-    extra = torch.cat([flags, geo.cpu(), role.cpu(), torch.tensor(local.unembed, dtype=torch.float64)])
-    merged, rest = reduce_accumulator(local.acc, counted, place=place, extra=extra)
-    rest = rest.cpu()
-    failed, rest = rest[: layout.world], rest[layout.world :]
-    geometry, rest = unpack_layers(geo_slots, rest)
-    roles, rest = unpack_layers(role_slots, rest)
+    merged = _merge(local, error is not None, layout, placement(layout, heads), counted)
     out = RankProbe(None, all_reduces=count[0], template=None if error is not None else local.zeros())
-    if failed.any():
-        said = f"{type(error).__name__}: {error}".splitlines()[0] if error is not None else ""
-        every: list = [None] * layout.world
-        dist.all_gather_object(every, (said, guard.trace if guard is not None else ""))
-        for r in torch.nonzero(failed).flatten().tolist():
-            out.failures[r], out.traces[r] = every[r]
+    if merged.failed.any():
+        _said_failures(out, merged.failed, error, guard, layout.world)
         if isinstance(error, UnsupportedModelError):
             raise error  # every probe of this model would fail the same way
         return out
     if layout.rank != 0:
         return out
-    frame = merged.to_frame().reset_index(drop=True)
-    n_roles = len(vocab.ROLE_METRICS)
-    rows = (role_rows({k: (t[:, :n_roles], t[:, n_roles:]) for k, t in roles.items()})
-            + geometry_rows({k: (g, local.geometry[k][1]) for k, g in geometry.items()}))
-    if rest[1] > 0:
-        rows.append((vocab.LM_HEAD, -1, -1, vocab.UNEMBED_NORM, float(rest[0] / rest[1]), int(rest[1])))
-    if rows:
-        frame = pd.concat([frame, pd.DataFrame(rows, columns=list(frame.columns))], ignore_index=True)
-        frame = frame.sort_values(["site_kind", "layer", "head", "metric"], kind="stable").reset_index(drop=True)
+    frame = _merged_frame(merged, {k: c for k, (_, c) in local.geometry.items()})
     if config.attribution.active and not layout.sharded and forward is None and uses_attention_interface(model):
         subset = list(data.batches(config.batch_size, config.attribution.windows))  # (b, T) each
         extra = attribute(model, subset, heads=config.attribution.heads)

@@ -1,35 +1,13 @@
 """Live probing inside a training loop: the framework-free :class:`Monitor`.
 
-A Monitor probes the model on fixed evaluation windows at planned steps (by default about
-``vocab.MONITOR_POINTS`` log-spaced steps over the planned training, plus every ``every`` steps
-on request) and writes the same run directory a sweep writes: ``checkpoints/step<N>.parquet``
-through ``sweep.probe_model`` / ``sweep.tidy_frame`` / ``results.write_checkpoint`` (one code
-path, so the numbers, columns and metric set are the sweep's) and ``manifest.json`` through
-``sweep.build_manifest``. The attribution (when the config asks for it) runs at a log-spaced
-subset of the planned steps, ``vocab.MONITOR_ATTRIBUTION_POINTS`` by default (the last one always;
-``attribution_points=None``: at every probe), on ``vocab.MONITOR_ATTRIBUTION_WINDOWS`` windows
-unless a config says otherwise (``live_config``); the manifest lists them under
-``attribution.steps`` and the other parquets hold the statistics alone, so the gain fits
-use those steps. ``peakprobe fit`` and ``peakprobe report`` therefore work on a run
-that is still training.
-
-Training is left exactly as it was: each probe runs in eval mode under ``no_grad`` (the
-sensitivity pass differentiates only a temporary inverse temperature, never the weights), and
-afterwards every module's train/eval flag and every RNG state (python ``random``, numpy, torch
-CPU and CUDA) is restored, so a seeded run with dropout follows the same loss trajectory with or
-without the Monitor.
-
-Dynamic time: ``tau(N) = sum over the first N updates of lr_i / lr_max``, with ``lr_i`` the
-learning rate of parameter group 0 at the moment the optimizer stepped (an optimizer
-step-pre-hook records it, so a skipped update adds nothing), and ``lr_max`` fixed when the
-Monitor starts: the explicit ``lr_max`` if given, else the scheduler's base lr, else the group's
-``initial_lr`` (set by torch schedulers), else its current lr. A fixed ``lr_max`` (rather than
-the maximum seen so far) means a tau written early never changes later. The per-update
-learning rates go to ``RUN/monitor.json`` (``vocab.MONITOR_FILE``), which also lets a resumed run
-continue the sum.
-
-Under ``torch.distributed`` (DDP, FSDP2, tensor parallel) every rank probes its share of the
-windows and the ranks merge (``integrations.distributed``); rank 0 alone writes and logs.
+A Monitor probes the model on fixed evaluation windows at planned steps (``planned_steps``; the
+attribution at a log-spaced subset, ``attribution_steps``) and writes the run directory a sweep
+writes, through the sweep's own functions, so ``peakprobe fit`` and ``report`` work on a run that
+is still training. Each probe leaves training exactly as it was (``training_state_preserved``:
+train/eval flags and every RNG state restored). Dynamic time tau sums lr_i / lr_max over the
+updates (an optimizer step-pre-hook records lr_i; ``RUN/monitor.json`` keeps them). Under
+``torch.distributed`` every rank probes its share and rank 0 writes (``integrations.distributed``).
+What each option does, and the distributed layouts: docs/monitor.md.
 """
 
 from __future__ import annotations
@@ -241,10 +219,6 @@ class Monitor:
         self.logit_max_alarm = logit_max_alarm
         self.forward = forward
         self.timeout = float(timeout)
-        self.layout = Layout()
-        self.gains_skipped: str | None = None
-        self.all_reduces = 0  # all-reduces the last distributed probe ran
-        self._template = None  # this rank's statistics layout, for a probe that fails early
         self.run_dir = Path(run_dir)
         self.total_steps = int(total_steps)
         self.planned = planned_steps(total_steps, n_points, start=start, every=every, steps=steps)
@@ -265,6 +239,16 @@ class Monitor:
         self.command = command
         self.lr_max = lr_max
         self.lr_max_source = "given" if lr_max is not None else None
+        self._start_state()
+        if model is not None:
+            self.watch(model, optimizer, scheduler)
+
+    def _start_state(self) -> None:
+        """What the Monitor learns as training runs: nothing yet."""
+        self.layout = Layout()
+        self.gains_skipped: str | None = None
+        self.all_reduces = 0  # all-reduces the last distributed probe ran
+        self._template = None  # this rank's statistics layout, for a probe that fails early
         self.lrs: list[float] = []
         self.done: dict[int, Checkpoint] = {}
         self.failed: list[str] = []
@@ -274,8 +258,6 @@ class Monitor:
         self._hook = None
         self._previous: pd.DataFrame | None = None
         self._prepared = False
-        if model is not None:
-            self.watch(model, optimizer, scheduler)
 
     # -- set-up ------------------------------------------------------------------------------
     def watch(self, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None) -> None:
@@ -364,8 +346,7 @@ class Monitor:
         probe failed (recorded in failures.jsonl; training goes on)."""
         if self.model is None:
             raise MonitorError("Monitor.probe needs a model: call watch(model, optimizer) first")
-        distributed = self.layout.world > 1
-        if self.rank != 0 and not distributed:
+        if self.rank != 0 and self.layout.world == 1:
             return None
         step = int(step)
         if tokens is None and self.tokens_per_step is not None:
@@ -376,38 +357,49 @@ class Monitor:
         started = time.perf_counter()
         try:
             with training_state_preserved(self.model):
-                config = self.config if step in self.attribution_steps else self._stats_only
-                if distributed:  # every rank probes its share; rank 0 gets the merged frame
-                    got = probe_ranks(self.model, self.data, config, self.layout, forward=self.forward,
-                                      timeout=self.timeout, template=self._template)
-                    self.all_reduces, self._template = got.all_reduces, got.template or self._template
-                    if got.failures:
-                        raise RankFailed(got.failures, got.traces)
-                    if got.frame is None:
-                        return None
-                    frame = got.frame
-                else:
-                    frame = probe_model(self.model, self.data, config, forward=self.forward)
+                frame = self._probe_frame(self.config if step in self.attribution_steps else self._stats_only)
+            if frame is None:
+                return None
             tidy = tidy_frame(frame, self._sequence(), ckpt)
             results.write_checkpoint(self.run_dir, ckpt.revision, tidy)
         except (UnsupportedModelError, DistributedProbeError):
             raise  # every probe of this model would fail the same way; or the ranks lost each other
         except Exception as exc:  # never fatal to the training
-            if self.rank != 0:
-                return None  # rank 0 says it
-            ranks = isinstance(exc, RankFailed)
-            error = str(exc) if ranks else f"{type(exc).__name__}: {exc}".splitlines()[0]
-            results.append_failure(self.run_dir, {
-                "revision": ckpt.revision, "step": step, "error": error,
-                "traceback": "\n".join(exc.traces.values()) if ranks else traceback.format_exc(limit=5),
-                **({"ranks": sorted(exc.failures)} if ranks else {}),
-            })
-            self.failed.append(ckpt.revision)
-            logger.warning("peakprobe: probe at step %d failed: %s", step, error)
+            if self.rank == 0:  # rank 0 says it
+                self._record_failure(exc, ckpt)
             return None
-        seconds = time.perf_counter() - started
+        self._recorded(tidy, ckpt, time.perf_counter() - started)
+        return tidy
+
+    def _probe_frame(self, config: SweepConfig) -> pd.DataFrame | None:
+        """The probe's frame: one process's, or under ``torch.distributed`` every rank's share
+        merged (on rank 0; None on the other ranks)."""
+        if self.layout.world == 1:
+            return probe_model(self.model, self.data, config, forward=self.forward)
+        got = probe_ranks(self.model, self.data, config, self.layout, forward=self.forward,
+                          timeout=self.timeout, template=self._template)
+        self.all_reduces, self._template = got.all_reduces, got.template or self._template
+        if got.failures:
+            raise RankFailed(got.failures, got.traces)
+        return got.frame
+
+    def _record_failure(self, exc: Exception, ckpt: Checkpoint) -> None:
+        """One line in failures.jsonl (with the failed ranks under ``torch.distributed``) and a
+        warning."""
+        ranks = isinstance(exc, RankFailed)
+        error = str(exc) if ranks else f"{type(exc).__name__}: {exc}".splitlines()[0]
+        results.append_failure(self.run_dir, {
+            "revision": ckpt.revision, "step": ckpt.step, "error": error,
+            "traceback": "\n".join(exc.traces.values()) if ranks else traceback.format_exc(limit=5),
+            **({"ranks": sorted(exc.failures)} if ranks else {}),
+        })
+        self.failed.append(ckpt.revision)
+        logger.warning("peakprobe: probe at step %d failed: %s", ckpt.step, error)
+
+    def _recorded(self, tidy: pd.DataFrame, ckpt: Checkpoint, seconds: float) -> None:
+        """After a written probe: its alarms, the manifest, the logged scalars."""
         self.probe_seconds += seconds
-        self.done[step] = ckpt
+        self.done[ckpt.step] = ckpt
         # logit std grows fast away from the initialisation and in warmup: compare only from
         # the first log-spaced step (``start``, the warmup's end where known) on
         jumps = self._previous is not None and int(self._previous["step"].iloc[0]) >= self.start
@@ -420,8 +412,7 @@ class Monitor:
         if ckpt.tau is not None:
             scalars["peakprobe/tau"] = ckpt.tau
         scalars["peakprobe/probe_seconds"] = seconds
-        self._emit(scalars, step)
-        return tidy
+        self._emit(scalars, ckpt.step)
 
     def outcome(self) -> SweepOutcome:
         """What the run directory holds, in the sweep's terms (probed / failed revisions)."""

@@ -233,18 +233,11 @@ def _head_sums(core_raw: Sums, edge_raw: Sums | None, first, present, ok, sink, 
 
 
 @torch.no_grad()
-def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, sinks, bias,
-         work=None):
-    b, h, tq, _ = query.shape
-    tk = key.shape[2]
-    off = mask.q_offset
-    k = key.to(dtype)
-    structured = mask.mask is None and mask.sliding_window is None and tk > 0
-    # Causal rows without a mask tensor (and no position bias, which would need the blocks'
-    # bias slices): statistics alone mask each chunk's diagonal corner in its own block;
-    # the fused path batches the diagonal blocks of all chunks apart.
-    inline = structured and mask.causal and bias is None and value is None
-    diagonal = structured and mask.causal and bias is None and not inline
+def _chunk_pass(query, k, value, mask: MaskSpec, *, scaling, softcap, bias, chunk: int, dtype, work,
+                inline: bool, diagonal: bool, structured: bool) -> list[_Chunk]:
+    """The per-chunk sums of every block of query rows (``_run``), in row order; ``k`` the keys
+    in the statistics dtype."""
+    tq, tk, off = query.shape[2], k.shape[2], mask.q_offset
     chunks: list[_Chunk] = []
     tails: dict = {}  # inline: diagonal masks by shape
     # Longest key ranges first: every later block fits in memory an earlier one freed (the
@@ -274,6 +267,23 @@ def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, 
             ch = _masked_chunk(z, valid, value, dtype, lo, work)
         chunks.append(ch)
     chunks.reverse()
+    return chunks
+
+
+def _run(query, key, value, *, scaling, mask, softcap, row_valid, chunk, dtype, sinks, bias,
+         work=None):
+    b, h, tq, _ = query.shape
+    tk = key.shape[2]
+    off = mask.q_offset
+    k = key.to(dtype)
+    structured = mask.mask is None and mask.sliding_window is None and tk > 0
+    # Causal rows without a mask tensor (and no position bias, which would need the blocks'
+    # bias slices): statistics alone mask each chunk's diagonal corner in its own block;
+    # the fused path batches the diagonal blocks of all chunks apart.
+    inline = structured and mask.causal and bias is None and value is None
+    diagonal = structured and mask.causal and bias is None and not inline
+    chunks = _chunk_pass(query, k, value, mask, scaling=scaling, softcap=softcap, bias=bias, chunk=chunk,
+                         dtype=dtype, work=work, inline=inline, diagonal=diagonal, structured=structured)
     core_raw = _cat_sums([c.core for c in chunks], (b, h))  # (B, H, Tq)
     diag_out = None
     if diagonal:

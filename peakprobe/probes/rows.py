@@ -285,15 +285,9 @@ def finish(
     two_keys = (ok & (keys.n > 1)).to(f64)
     two_opt = two_keys if sink is None else (ok & (soft.n > 1)).to(f64)
     b_eff, p_ent = _peaked_entropy(entropy, opt_n)
-    values = {
-        vocab.ENTROPY: entropy,
-        vocab.ENTROPY_NORM: entropy / opt_n.log_n,
-        vocab.MAX_PROB: max_prob,
-        vocab.LOGIT_STD: std,
-        vocab.LOGIT_MAX_MINUS_MEAN: max_minus_mean,
-        vocab.LOGIT_TOP_GAP: keys.m - keys.m2,
-        vocab.PEAKED: (std > key_n.threshold).to(f64),
-    }
+    values = {vocab.ENTROPY: entropy, vocab.ENTROPY_NORM: entropy / opt_n.log_n, vocab.MAX_PROB: max_prob,
+              vocab.LOGIT_STD: std, vocab.LOGIT_MAX_MINUS_MEAN: max_minus_mean,
+              vocab.LOGIT_TOP_GAP: keys.m - keys.m2, vocab.PEAKED: (std > key_n.threshold).to(f64)}
     weight = {name: okf for name in values}
     weight[vocab.ENTROPY_NORM] = two_opt
     weight[vocab.LOGIT_TOP_GAP] = two_keys
@@ -301,35 +295,48 @@ def finish(
         values[vocab.FIRST_KEY_PROB] = (first.to(f64) - lse).exp()
         weight[vocab.FIRST_KEY_PROB] = okf
     if target_logit is not None:
-        zt = target_logit.to(f64)
-        tgt = (ok & ~torch.isnan(zt)).to(f64)
-        loss = lse - zt
-        values[vocab.LOSS] = loss
-        values[vocab.TARGET_PROB] = (-loss).exp()
-        values[vocab.TARGET_LOGIT_MINUS_MEAN] = zt - (keys.m - max_minus_mean)
-        for name in vocab.LM_EXTRA:
-            weight[name] = tgt
-    values[vocab.BETA_EFF] = b_eff
-    values[vocab.PEAKED_ENTROPY] = p_ent
-    weight[vocab.BETA_EFF] = weight[vocab.PEAKED_ENTROPY] = two_opt
-    values[vocab.LOGIT_ROW_MAX] = keys.m  # the real options' max (a learned sink is not one)
-    weight[vocab.LOGIT_ROW_MAX] = okf
+        _add_target(values, weight, target_logit.to(f64), ok, lse, keys.m - max_minus_mean)
+    # the real options' max in LOGIT_ROW_MAX (a learned sink is not one)
+    values.update({vocab.BETA_EFF: b_eff, vocab.PEAKED_ENTROPY: p_ent, vocab.LOGIT_ROW_MAX: keys.m})
+    weight.update({vocab.BETA_EFF: two_opt, vocab.PEAKED_ENTROPY: two_opt, vocab.LOGIT_ROW_MAX: okf})
     if rest is not None:
-        rest_n = counts(rest.n, n_max)
-        x_ent, x_max, _ = _softmax_stats(rest)
-        x_std, _ = _logit_stats(rest)
-        x_b, x_pe = _peaked_entropy(x_ent, rest_n)
-        x_vals = (x_ent, x_max, x_std, (x_std > rest_n.threshold).to(f64), x_b, x_pe)
-        x_ok = (ok & (rest.n > 1)).to(f64)
-        for name, v in zip(vocab.XSINK_METRICS, x_vals, strict=True):
-            values[name] = v
-            weight[name] = x_ok
+        _add_xsink(values, weight, rest, ok, n_max)
     if sink is not None:
         values[vocab.SINK_PROB] = (sink.to(f64).expand_as(lse) - lse).exp()
         weight[vocab.SINK_PROB] = okf
-    # Zero out undefined entries so that NaN/inf never leak into sums (on CPU, not where a
-    # weight keeps every row: the check is cheaper than the where).
-    zero = torch.zeros((), dtype=f64, device=okf.device)
+    _zero_undefined(values, weight)
+    return RowStats(values=values, weight=weight)
+
+
+def _add_target(values: dict, weight: dict, zt: torch.Tensor, ok: torch.Tensor, lse: torch.Tensor,
+                mean: torch.Tensor) -> None:
+    """The LM head's ``vocab.LM_EXTRA`` from the target logit ``zt`` (NaN where none)."""
+    tgt = (ok & ~torch.isnan(zt)).to(torch.float64)
+    loss = lse - zt
+    values[vocab.LOSS] = loss
+    values[vocab.TARGET_PROB] = (-loss).exp()
+    values[vocab.TARGET_LOGIT_MINUS_MEAN] = zt - mean
+    for name in vocab.LM_EXTRA:
+        weight[name] = tgt
+
+
+def _add_xsink(values: dict, weight: dict, rest: Sums, ok: torch.Tensor, n_max: int | None) -> None:
+    """The ``_xsink`` statistics from the sums over the keys but the first (rows with fewer than
+    two such keys skipped)."""
+    rest_n = counts(rest.n, n_max)
+    x_ent, x_max, _ = _softmax_stats(rest)
+    x_std, _ = _logit_stats(rest)
+    x_b, x_pe = _peaked_entropy(x_ent, rest_n)
+    x_vals = (x_ent, x_max, x_std, (x_std > rest_n.threshold).to(torch.float64), x_b, x_pe)
+    x_ok = (ok & (rest.n > 1)).to(torch.float64)
+    for name, v in zip(vocab.XSINK_METRICS, x_vals, strict=True):
+        values[name] = v
+        weight[name] = x_ok
+
+
+def _zero_undefined(values: dict, weight: dict) -> None:
+    """Zero the entries of rows a metric's weight drops, so that NaN/inf never leak into sums
+    (on CPU not where a weight keeps every row: the check is cheaper than the where)."""
     keep: dict[int, torch.Tensor | None] = {}  # one bool mask per distinct weight tensor
     for name, v in values.items():
         w = weight[name]
@@ -337,8 +344,7 @@ def finish(
             k = w > 0
             keep[id(w)] = None if host_shortcuts(k.device) and bool(k.all()) else k
         if keep[id(w)] is not None:
-            values[name] = torch.where(keep[id(w)], v, zero)
-    return RowStats(values=values, weight=weight)
+            values[name] = torch.where(keep[id(w)], v, torch.zeros((), dtype=v.dtype, device=v.device))
 
 
 def target_logit(z: torch.Tensor, valid: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

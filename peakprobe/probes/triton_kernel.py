@@ -255,6 +255,23 @@ def _check(query, key, start, end, row_valid, sinks):
 
 
 @torch.no_grad()
+def _row_inputs(row_valid, sinks, b: int, device) -> tuple:
+    """(row_valid as uint8, its (B, T) strides, sinks as float32, their (B, H, T) strides), with
+    dummies and zero strides where not given."""
+    ones, ninf1 = _dummies(device)
+    if row_valid is None:
+        rv, rvs = ones, (0, 0)
+    else:
+        rv = row_valid.view(torch.uint8)
+        rvs = (rv.stride(0), rv.stride(1))
+    if sinks is None:
+        return rv, rvs, ninf1, (0, 0, 0)
+    sk = sinks.detach().to(torch.float32)
+    if sk.dim() == 1:
+        return rv, rvs, sk, (0, sk.stride(0), 0)
+    return rv, rvs, sk, (sk.stride(0) if sk.shape[0] == b and b > 1 else 0, sk.stride(1), sk.stride(2))
+
+
 def kernel_site_sums(
     query: torch.Tensor, key: torch.Tensor, *, scaling: float, start: torch.Tensor,
     end: torch.Tensor, row_valid: torch.Tensor | None = None, softcap: float | None = None,
@@ -286,27 +303,14 @@ def kernel_site_sums(
     n_names = len(names)
     bins = vocab.HIST_BINS
     hist = torch.zeros(h, 2, bins, dtype=torch.int32, device=device)
-    if b == 0 or tq == 0 or tk == 0 or h == 0:
+    if b == 0 or tq == 0 or tk == 0 or h == 0:  # nothing to count
         zeros = torch.zeros(h, n_names, dtype=torch.float64, device=device)
-        ninf = torch.full((h,), float("-inf"), dtype=torch.float64, device=device)
-        return SiteSums(names, zeros, zeros.clone(), ninf, hist.to(torch.float64))
+        return SiteSums(names, zeros, zeros.clone(), torch.full((h,), float("-inf"), dtype=torch.float64,
+                                                                device=device), hist.to(torch.float64))
 
     ss = _row_strides(start, b, tq, "start", torch.int32)
     es = _row_strides(end, b, tq, "end", torch.int32)
-    ones, ninf1 = _dummies(device)
-    if row_valid is None:
-        rv, rvs = ones, (0, 0)
-    else:
-        rv = row_valid.view(torch.uint8)
-        rvs = (rv.stride(0), rv.stride(1))
-    if sinks is None:
-        sk, sks = ninf1, (0, 0, 0)
-    else:
-        sk = sinks.detach().to(torch.float32)
-        if sk.dim() == 1:
-            sks = (0, sk.stride(0), 0)
-        else:
-            sks = (sk.stride(0) if sk.shape[0] == b and b > 1 else 0, sk.stride(1), sk.stride(2))
+    rv, rvs, sk, sks = _row_inputs(row_valid, sinks, b, device)
     tab = _tables(tk + 1, device)  # n + 1 options with a sink
     consts, options = compile_options(query.dtype, d)
     consts["SOFTCAP"] = softcap is not None
@@ -327,12 +331,13 @@ def kernel_site_sums(
             tab.size, tab.stride, tab.nb,
             **consts, **options,
         )  # fmt: skip
-    part = out.view(b, h, n_mb, RECORD)
+    return _site_sums(out.view(b, h, n_mb, RECORD), hist, names)
+
+
+def _site_sums(part: torch.Tensor, hist: torch.Tensor, names: tuple[str, ...]) -> SiteSums:
+    """The heads' ``SiteSums`` from the kernel's per-program records (B, H, blocks, RECORD)."""
+    n_names = len(names)
     tot = part[..., :MAX_COL].to(torch.float64).sum(dim=(0, 2))  # (H, 2 N_VALUES)
-    return SiteSums(
-        names,
-        tot[:, :n_names].contiguous(),
-        tot[:, N_VALUES : N_VALUES + n_names].contiguous(),
-        part[..., MAX_COL].amax(dim=(0, 2)).to(torch.float64),  # (H,)
-        hist.to(torch.float64),
-    )
+    return SiteSums(names, tot[:, :n_names].contiguous(), tot[:, N_VALUES : N_VALUES + n_names].contiguous(),
+                    part[..., MAX_COL].amax(dim=(0, 2)).to(torch.float64),  # (H,)
+                    hist.to(torch.float64))

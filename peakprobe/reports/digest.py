@@ -175,37 +175,61 @@ def _roles_block(run: RunData, heads: pd.DataFrame) -> dict:
     }
 
 
+_LM_FIELDS = ("alpha", "alpha_lo", "alpha_hi", "r2", "final_logit_std", "final_peaked",
+              "final_peaked_entropy", "final_beta_eff", "final_entropy", "final_max_prob",
+              "final_loss", "sensitivity")
+
+
+def _lm_head_block(heads: pd.DataFrame) -> dict | None:
+    lm = heads[heads["site_kind"] == LM_HEAD]
+    if lm.empty:
+        return None
+    r = lm.iloc[0]
+    return {**{k: r[k] for k in _LM_FIELDS}, "site_class": str(r["site_class"])}
+
+
+def _checkpoints_block(run: RunData) -> dict:
+    steps = run.results.drop_duplicates("revision")[["revision", "step"]]
+    return {
+        "n": int(len(steps)),
+        "n_planned": len(run.manifest.get("checkpoints") or []),
+        "n_failed": len(run.failures),
+        "first_revision": str(steps.iloc[0]["revision"]),
+        "first_step": int(steps.iloc[0]["step"]),
+        "last_revision": run.last_revision,
+        "last_step": run.last_step,
+        **science.integrity_block(run),
+    }
+
+
+def _attention_block(heads: pd.DataFrame) -> dict:
+    attn = heads[heads["site_kind"] == ATTN]
+    return {
+        "n_sites": int(len(attn)),
+        "n_layers": int(attn["layer"].max()) + 1 if not attn.empty else 0,
+        "n_heads": int(attn["head"].max()) + 1 if not attn.empty else 0,
+        "n_fitted": int(np.isfinite(attn["alpha"]).sum()),
+        "class_counts": {c: int((attn["site_class"] == c).sum())
+                         for c in ("concentrating", "saturated", "diffuse")},
+    }
+
+
+def _sensitivity_block(heads: pd.DataFrame) -> dict:
+    ranking = sensitivity_ranking(heads)
+    return {
+        "measured": bool(len(ranking)),
+        "order": "ascending d loss / d log beta (most negative first)",
+        "top": [{**_site(r), "sensitivity": r["sensitivity"], "alpha": r["alpha"],
+                 "site_class": str(r["site_class"])}
+                for _, r in ranking.head(TOP_SENSITIVE).iterrows()],
+    }
+
+
 def build_digest(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
     """The summary.json object (documented field by field in docs/summary_schema.md)."""
     m = run.manifest
-    steps = run.results.drop_duplicates("revision")[["revision", "step"]]
     band = science.band_of(run)
     loss = _loss_block(run, band)
-    exponents = science.exponents_block(run, band, loss)
-    lm = heads[heads["site_kind"] == LM_HEAD]
-    lm_block = None
-    if not lm.empty:
-        r = lm.iloc[0]
-        lm_block = {
-            k: r[k]
-            for k in (
-                "alpha",
-                "alpha_lo",
-                "alpha_hi",
-                "r2",
-                "final_logit_std",
-                "final_peaked",
-                "final_peaked_entropy",
-                "final_beta_eff",
-                "final_entropy",
-                "final_max_prob",
-                "final_loss",
-                "sensitivity",
-            )
-        }
-        lm_block["site_class"] = str(r["site_class"])
-    attn = heads[heads["site_kind"] == ATTN]
-    ranking = sensitivity_ranking(heads)
     data = m.get("data") or {}
     summary = {
         "format": SUMMARY_FORMAT,
@@ -214,52 +238,22 @@ def build_digest(run: RunData, heads: pd.DataFrame, figures: list[str]) -> dict:
         "time_axis": run.time_axis,
         "band": list(band),
         "ci_level": science.ci_level_of(run),
-        "checkpoints": {
-            "n": int(len(steps)),
-            "n_planned": len(m.get("checkpoints") or []),
-            "n_failed": len(run.failures),
-            "first_revision": str(steps.iloc[0]["revision"]),
-            "first_step": int(steps.iloc[0]["step"]),
-            "last_revision": run.last_revision,
-            "last_step": run.last_step,
-            **science.integrity_block(run),
-        },
+        "checkpoints": _checkpoints_block(run),
         "data": {k: data.get(k) for k in ("spec", "n_windows", "window", "token_hash")},
         "versions": dict(m.get("versions") or {}),
         "loss": loss,
         "skipped": list(run.verdicts.get("skipped") or []),
-        "exponents": exponents,
+        "exponents": science.exponents_block(run, band, loss),
         "bottleneck": _bottleneck_block(run, band),
         "peakedness": science.peakedness_block(run, heads),
         "gains": science.gains_block(run, band),
         "window_scan": science.window_scan_block(run, band),
-        "lm_head": lm_block,
+        "lm_head": _lm_head_block(heads),
         "routers": routers_block(router_table(run)),
         "roles": _roles_block(run, heads),
         "logit_factors": factors_block(run, heads),
-        "attention": {
-            "n_sites": int(len(attn)),
-            "n_layers": int(attn["layer"].max()) + 1 if not attn.empty else 0,
-            "n_heads": int(attn["head"].max()) + 1 if not attn.empty else 0,
-            "n_fitted": int(np.isfinite(attn["alpha"]).sum()),
-            "class_counts": {
-                c: int((attn["site_class"] == c).sum())
-                for c in ("concentrating", "saturated", "diffuse")
-            },
-        },
-        "sensitivity": {
-            "measured": bool(len(ranking)),
-            "order": "ascending d loss / d log beta (most negative first)",
-            "top": [
-                {
-                    **_site(r),
-                    "sensitivity": r["sensitivity"],
-                    "alpha": r["alpha"],
-                    "site_class": str(r["site_class"]),
-                }
-                for _, r in ranking.head(TOP_SENSITIVE).iterrows()
-            ],
-        },
+        "attention": _attention_block(heads),
+        "sensitivity": _sensitivity_block(heads),
         "flags": [str(x) for x in run.verdicts.get("flags") or []],
         "figures": sorted(figures),
     }

@@ -84,33 +84,9 @@ def heads_csv_bytes(heads: pd.DataFrame) -> bytes:
     return heads.to_csv(index=False, lineterminator="\n").encode()
 
 
-def render_report(
-    run_dir: str | os.PathLike,
-    *,
-    out_dir: str | os.PathLike | None = None,
-    command: str | None = None,
-    progress: bool = False,
-) -> ReportPaths:
-    """Render ``run_dir`` (after ``fit``) into ``out_dir`` (default ``run_dir/report``).
-
-    ``command`` is the command line shown in the HTML provenance (HTML only). Raises
-    ``ReportError`` / ``RunDirError`` (both ``ValueError``) when the run cannot be reported.
-    """
-    steps = tqdm(total=7, desc="report", unit="step", disable=not progress)
-    run = load_run(run_dir)
-    out = Path(out_dir) if out_dir is not None else Path(run_dir) / REPORT
-    fig_dir = out / "figures"
-    steps.update()
-
-    heads = heads_table(run)
-    write_bytes(out / "heads.csv", heads_csv_bytes(heads))
-    write_bytes(out / "heads.parquet", table_bytes(heads, HEADS_SCHEMA))
-    steps.update()
-
-    # summary first (it decides what the gain and window-scan figures show); its figure list
-    # is filled in once the figures are drawn
-    summary = build_digest(run, heads, [])
-    rendered: dict[str, F.RenderedFigure] = {}
+def _draw_figures(run, heads: pd.DataFrame, summary: dict, steps) -> dict[str, F.RenderedFigure]:
+    """Every figure the run has data for, by name (the digest ``summary`` decides what the gain
+    and window-scan figures show; its figure list is filled in after)."""
     with matplotlib.rc_context(F.RC):
         drawn = [
             F.alpha_heatmap(heads),
@@ -135,9 +111,13 @@ def render_report(
             F.logit_max_figure(logit_max_series(run), run.time_axis),
             F.router_figure(router_series(run), router_table(run), run.time_axis),
         ]
-        rendered = {fig.name: fig for fig in drawn if fig is not None}
         steps.update()
+    return {fig.name: fig for fig in drawn if fig is not None}
 
+
+def _write_figures(fig_dir: Path, rendered: dict[str, F.RenderedFigure]) -> tuple[list[Path], list[Path]]:
+    """Write each drawn figure as PNG and SVG; remove those an earlier render drew but this run
+    has no data for. Returns (PNG paths, SVG paths)."""
     png_paths, svg_paths = [], []
     for name in FIGURE_NAMES:
         png, svg = fig_dir / f"{name}.png", fig_dir / f"{name}.svg"
@@ -146,10 +126,37 @@ def render_report(
             write_bytes(svg, rendered[name].svg)
             png_paths.append(png)
             svg_paths.append(svg)
-        else:  # a figure an earlier render drew but this run has no data for
+        else:
             png.unlink(missing_ok=True)
             svg.unlink(missing_ok=True)
+    return png_paths, svg_paths
 
+
+def render_report(
+    run_dir: str | os.PathLike,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    command: str | None = None,
+    progress: bool = False,
+) -> ReportPaths:
+    """Render ``run_dir`` (after ``fit``) into ``out_dir`` (default ``run_dir/report``).
+
+    ``command`` is the command line shown in the HTML provenance (HTML only). Raises
+    ``ReportError`` / ``RunDirError`` (both ``ValueError``) when the run cannot be reported.
+    """
+    steps = tqdm(total=7, desc="report", unit="step", disable=not progress)
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / REPORT
+    steps.update()
+
+    heads = heads_table(run)
+    write_bytes(out / "heads.csv", heads_csv_bytes(heads))
+    write_bytes(out / "heads.parquet", table_bytes(heads, HEADS_SCHEMA))
+    steps.update()
+
+    summary = build_digest(run, heads, [])
+    rendered = _draw_figures(run, heads, summary, steps)
+    png_paths, svg_paths = _write_figures(out / "figures", rendered)
     summary["figures"] = sorted(rendered)
     write_json(out / "summary.json", summary)
     write_bytes(out / "summary.md", digest_markdown(summary).encode())

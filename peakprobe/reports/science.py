@@ -286,6 +286,35 @@ CRITERIA = (
 )
 
 
+def _any_peaked(b: dict, from_table: bool | None) -> bool | None:
+    """Whether any softmax is peaked: fit's answer (verdict ``none``, or its kinds' ``peaked``)
+    where fits.json has one, else the table's."""
+    kinds = {k: v for k, v in (b.get("kinds") or {}).items() if isinstance(v, dict)}
+    if b.get("verdict") == BOTTLENECK_NONE:
+        return False
+    if any(isinstance(v.get("peaked"), bool) for v in kinds.values()):
+        return any(v.get("peaked") is True for v in kinds.values())
+    return from_table
+
+
+def _peakedness_statement(any_peaked: bool | None, absence_shown: bool) -> str:
+    """The digest's sentence on peakedness (``absence_shown``: the entropy criterion was
+    measured, or fit found no softmax peaked)."""
+    rule = f"at least {PEAKED_FRACTION:.0%} of its rows lie above sqrt(2 ln n), n = its options"
+    if any_peaked is None:
+        return "Peakedness was not measured in this run."
+    if any_peaked:
+        return (f"A softmax counts as peaked at the last checkpoint when {rule}. The 1/3 mechanism "
+                "applies only to peaked softmaxes.")
+    if absence_shown:
+        return (f"At the last checkpoint no attention head and not the LM head is peaked ({rule}, "
+                "under either criterion). The 1/3 mechanism — a softmax sharpening toward a peaked "
+                "target — does not apply to this model, whatever the fitted exponents say.")
+    return (f"At the last checkpoint no softmax is peaked by its logit std ({rule}), but the "
+            "entropy-equivalent criterion was not measured: a near-deterministic softmax can keep "
+            "a low logit std, so this run cannot show that the 1/3 mechanism is absent.")
+
+
 def peakedness_block(run: RunData, heads: pd.DataFrame) -> dict:
     """Both peakedness criteria at the last checkpoint, and whether any softmax is peaked at all.
 
@@ -309,35 +338,10 @@ def peakedness_block(run: RunData, heads: pd.DataFrame) -> dict:
             "n_attn": int(np.isfinite(a).sum()), "n_attn_peaked": n_peaked, "lm_head": lm_v,
         })
     b = run.verdicts.get("bottleneck") or {}
-    kinds = {k: v for k, v in (b.get("kinds") or {}).items() if isinstance(v, dict)}
-    if b.get("verdict") == BOTTLENECK_NONE:
-        any_peaked: bool | None = False
-    elif any(isinstance(v.get("peaked"), bool) for v in kinds.values()):
-        any_peaked = any(v.get("peaked") is True for v in kinds.values())
-    else:
-        any_peaked = table_peaked if any_measured else None
+    any_peaked = _any_peaked(b, table_peaked if any_measured else None)
     used = {str(k): [str(x) for x in v] for k, v in (b.get("peaked_criteria") or {}).items()}
-    rule = f"at least {PEAKED_FRACTION:.0%} of its rows lie above sqrt(2 ln n), n = its options"
     entropy_measured = any(c["measured"] for c in criteria if c["metric"] == PEAKED_ENTROPY)
-    if any_peaked is None:
-        statement = "Peakedness was not measured in this run."
-    elif any_peaked:
-        statement = (
-            f"A softmax counts as peaked at the last checkpoint when {rule}. The 1/3 mechanism "
-            "applies only to peaked softmaxes."
-        )
-    elif entropy_measured or b.get("verdict") == BOTTLENECK_NONE:
-        statement = (
-            f"At the last checkpoint no attention head and not the LM head is peaked ({rule}, "
-            "under either criterion). The 1/3 mechanism — a softmax sharpening toward a peaked "
-            "target — does not apply to this model, whatever the fitted exponents say."
-        )
-    else:
-        statement = (
-            f"At the last checkpoint no softmax is peaked by its logit std ({rule}), but the "
-            "entropy-equivalent criterion was not measured: a near-deterministic softmax can keep "
-            "a low logit std, so this run cannot show that the 1/3 mechanism is absent."
-        )
+    statement = _peakedness_statement(any_peaked, entropy_measured or b.get("verdict") == BOTTLENECK_NONE)
     return {
         "measured": any_measured,
         "any_peaked": any_peaked,
