@@ -171,6 +171,17 @@ def _next_point(pts: dict[float, float], lo: float, hi: float, delta: float, xto
     return gold, False
 
 
+def _lower_far_end(f: Callable[[float], float], pts: dict[float, float], best: float,
+                   reach: float) -> float | None:
+    """The end of the reach (-reach or reach, both evaluated into ``pts``) whose loss is below
+    the best point's, the lower one; None when neither is."""
+    for xe in (-reach, reach):
+        if xe not in pts:
+            pts[xe] = f(xe)
+    end = min((-reach, reach), key=pts.get)
+    return end if pts[end] < pts[best] else None
+
+
 def minimize_log_beta(
     f: Callable[[float], float], f0: float, g0: float, *, delta: float = DELTA,
     bounds: tuple[float, float] = LOG_BETA_BOUNDS, xtol: float = XTOL, ftol: float = 0.0,
@@ -210,18 +221,13 @@ def minimize_log_beta(
             # an interior minimum: the far ends of the reach once (a deeper basin past a bound
             # that is itself higher, e.g. the hard-attention limit); a lower end moves its bound
             reach = False
-            for xe in (-extend_to, extend_to):
-                if xe not in pts:
-                    pts[xe] = f(xe)
-            end = min((-extend_to, extend_to), key=pts.get)
-            if pts[end] >= pts[best]:
+            end = _lower_far_end(f, pts, best, extend_to)
+            if end is None:
                 break
             lo, hi = (-extend_to, hi) if end < 0 else (lo, extend_to)
-            best, at_bound = end, True
-            budget = max_evals + extend_evals - spent - 2
             pts, _ = _bounded_search(f, f0, g0, delta=delta, bounds=(lo, hi), xtol=xtol, ftol=ftol,
-                                     max_evals=max(budget, 2), scan=(), check_bounds=False, rtol=rtol,
-                                     concave_factor=None, start=end,
+                                     max_evals=max(max_evals + extend_evals - spent - 2, 2), scan=(),
+                                     check_bounds=False, rtol=rtol, concave_factor=None, start=end,
                                      known={x: v for x, v in pts.items() if x != 0.0})
             continue
         if not at_bound or abs(best) >= extend_to or spent >= max_evals + extend_evals:
@@ -287,6 +293,14 @@ def _bounded_search(f: Callable[[float], float], f0: float, g0: float, *, delta:
     return pts, h
 
 
+def _recording(f: Callable[[float], float], seen: dict[float, float]) -> Callable[[float], float]:
+    """``f``, each evaluation also kept in ``seen``."""
+    def ev(x: float) -> float:
+        seen[x] = f(x)
+        return seen[x]
+    return ev
+
+
 def screened_search(
     f: Callable[[float], float], f0: float, g0: float, *, floor: float, ftol: float = 0.0,
     max_evals: int = MAX_EVALS, rtol: float = HEAD_RTOL,
@@ -337,10 +351,7 @@ def screened_search(
     if not f0 - best >= floor * SCREEN_FLAG:
         return SearchResult(x, best, f0, g0, h, len(seen), x in (lo, hi), True)
 
-    def ev(x: float) -> float:
-        seen[x] = f(x)
-        return seen[x]
-
+    ev = _recording(f, seen)
     kw = dict(bounds=bounds, ftol=ftol, max_evals=max_evals, rtol=rtol, concave_factor=3.0)
     r = minimize_log_beta(ev, f0, g0, start=x if x != 0.0 else xb, known=dict(seen), **kw)
     if r.at_bound:  # a basin between 0 and the bound shows at the midpoint (1 evaluation)

@@ -29,25 +29,9 @@ def _pct_ci(lo: float | None, hi: float | None) -> str:
     return f"[{_pct(lo)}, {top}]"
 
 
-def format_fits(run_fits: RunFits, n_sites: int = 5) -> str:
-    """A few lines: window, loss law with its three-way verdict, the scan, the bottleneck
-    verdict with shares and exponents, BH-controlled head counts, top sites, flags."""
-    rf = run_fits
-    doc = rf.verdict
-    band = f"band [{rf.band[0]:g}, {rf.band[1]:g}]"
-    win = doc["window"]
-    where = (f"window {rf.time_axis} {_t(win['t_min'])}-{_t(win['t_max'])}, "
-             f"{win['n_points']} checkpoints")
-    lines = [
-        f"{rf.model or rf.run_dir.name}: {win['n_points']} checkpoints fitted on {rf.time_axis} "
-        f"{_t(win['t_min'])}-{_t(win['t_max'])} (steps {win['step_min']}-{win['step_max']}; "
-        f"start: {win['start_rule']})"
-    ]
-    if doc["excluded"]:
-        lines.append("excluded (duplicate weights): "
-                     + ", ".join(e["revision"] for e in doc["excluded"]))
-    for s in doc.get("skipped", []):
-        lines.append(f"SKIPPED {s['fit']} fit: {s['reason']}")
+def _loss_lines(rf: RunFits, band: str, where: str) -> list[str]:
+    """The loss law with its verdict, and its exponent against the window's start."""
+    doc, lines = rf.verdict, []
     loss = rf.loss
     if loss is None:
         if not any(s["fit"] == vocab.FIT_LOSS for s in doc.get("skipped", [])):
@@ -65,9 +49,12 @@ def format_fits(run_fits: RunFits, n_sites: int = 5) -> str:
                      if doc["loss_scan"]["drift"] else "no drift")
             lines.append(f"loss alpha vs window start: {min(alphas):.3f} to {max(alphas):.3f} "
                          f"over {len(scan)} starts ({drift})")
-    if doc["spikes"]:
-        lines.append("loss spikes: " + ", ".join(s["revision"] for s in doc["spikes"]))
-    b = doc["bottleneck"]
+    return lines
+
+
+def _bottleneck_lines(b: dict, band: str, n_sites: int) -> list[str]:
+    """The verdict, each kind's share and exponents, the head counts and the top sites."""
+    lines = []
     lines.append(f"bottleneck: {b['verdict']} - {b['reason']}")
     for name, k in b["kinds"].items():
         if k["share"] is None:
@@ -97,6 +84,32 @@ def format_fits(run_fits: RunFits, n_sites: int = 5) -> str:
                          f"{_pct_ci(s['share_lo'], s['share_hi'])} q {q}  gain alpha "
                          f"{_n(s['alpha_gain'])}  alpha {_n(s['alpha_late'])}  "
                          f"sensitivity {_n(s['sensitivity'], fmt='.4g')}")
+    return lines
+
+
+def format_fits(run_fits: RunFits, n_sites: int = 5) -> str:
+    """A few lines: window, loss law with its three-way verdict, the scan, the bottleneck
+    verdict with shares and exponents, BH-controlled head counts, top sites, flags."""
+    rf = run_fits
+    doc = rf.verdict
+    band = f"band [{rf.band[0]:g}, {rf.band[1]:g}]"
+    win = doc["window"]
+    where = (f"window {rf.time_axis} {_t(win['t_min'])}-{_t(win['t_max'])}, "
+             f"{win['n_points']} checkpoints")
+    lines = [
+        f"{rf.model or rf.run_dir.name}: {win['n_points']} checkpoints fitted on {rf.time_axis} "
+        f"{_t(win['t_min'])}-{_t(win['t_max'])} (steps {win['step_min']}-{win['step_max']}; "
+        f"start: {win['start_rule']})"
+    ]
+    if doc["excluded"]:
+        lines.append("excluded (duplicate weights): "
+                     + ", ".join(e["revision"] for e in doc["excluded"]))
+    for s in doc.get("skipped", []):
+        lines.append(f"SKIPPED {s['fit']} fit: {s['reason']}")
+    lines += _loss_lines(rf, band, where)
+    if doc["spikes"]:
+        lines.append("loss spikes: " + ", ".join(s["revision"] for s in doc["spikes"]))
+    lines += _bottleneck_lines(doc["bottleneck"], band, n_sites)
     if doc["flags"]:
         lines.append("flags: " + ", ".join(doc["flags"]))
     return "\n".join(lines)
