@@ -157,6 +157,183 @@ def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
 
 
 @triton.jit
+def _rows(start_ptr, end_ptr, rowv_ptr, b, offs_m, Tq, Tk, ssb, sst, seb, set_, srb, srt):
+    """The block's rows: in range (M,), first visible key st, end en (clamped to 0..Tk), and
+    kept: counted rows (valid, with a key)."""
+    in_q = offs_m < Tq
+    st = tl.maximum(tl.load(start_ptr + b * ssb + offs_m * sst, mask=in_q, other=0), 0)
+    en = tl.minimum(tl.load(end_ptr + b * seb + offs_m * set_, mask=in_q, other=0), Tk)
+    rv = tl.load(rowv_ptr + b * srb + offs_m * srt, mask=in_q, other=0)
+    return in_q, st, en, in_q & (rv != 0) & (en > st)
+
+
+@triton.jit
+def _first_logit(q, k_base, st, kept, offs_d, dmask, skt, skd, scaling, softcap,
+                 SOFTCAP: tl.constexpr):  # fmt: skip
+    """(M,) the logit of each row's first visible key: one dot product per row (softcapped, or
+    raw q.k: the caller's ``unit`` scales it)."""
+    first = tl.where(kept, st, 0)
+    kf = tl.load(k_base + first[:, None] * skt + offs_d[None, :] * skd,
+                 mask=kept[:, None] & dmask[None, :], other=0.0)  # (M, Dp)
+    f = tl.sum(q.to(tl.float32) * kf.to(tl.float32), 1)  # (M,)
+    if SOFTCAP:
+        f = softcap * _tanh(f * (scaling / softcap))
+    return f
+
+
+@triton.jit
+def _key_tiles(kept, st, en, BLOCK_N: tl.constexpr):
+    """The block's key tiles: [lo_t, fs) masked, [fs, fe) every kept row sees every key,
+    [fe, hi) masked."""
+    big = 1 << 30
+    lo = tl.min(tl.where(kept, st + 1, big), 0)
+    hi = tl.max(tl.where(kept, en, 0), 0)
+    full_lo = tl.max(tl.where(kept, st + 1, 0), 0)
+    full_hi = tl.min(tl.where(kept, en, big), 0)
+    lo_t = (lo // BLOCK_N) * BLOCK_N
+    hi_t = tl.cdiv(hi, BLOCK_N) * BLOCK_N
+    fs = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo_t), hi_t)
+    fe = tl.minimum(tl.maximum((full_hi // BLOCK_N) * BLOCK_N, fs), hi_t)
+    return lo_t, fs, fe, hi
+
+
+@triton.jit
+def _sweep_keys(q, k_base, offs_d, st, en, f, kept, Tk, D, skt, skd, scaling, softcap, c,
+                SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, DOT_FP32: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Every key tile folded into the rows' online sums (``_tile``): (m, the second largest
+    m2, se, sx, n, q1, q2), all relative to ``f``."""
+    lo_t, fs, fe, hi = _key_tiles(kept, st, en, BLOCK_N)
+    neg_inf = float("-inf")
+    m = tl.full((BLOCK_M,), neg_inf, tl.float32)  # max of d over the other keys
+    se = tl.zeros((BLOCK_M,), tl.float32)  # sum 2^x, x = (d - m) c
+    sx = tl.zeros((BLOCK_M,), tl.float32)  # sum 2^x x
+    n = tl.zeros((BLOCK_M,), tl.float32)  # other keys
+    q1 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x = (d - m) c
+    q2 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x^2
+    T1 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # largest d per column pair
+    T2 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # second largest per pair
+    for n0 in range(lo_t, fs, BLOCK_N):
+        m, se, sx, n, q1, q2, T1, T2 = _tile(
+            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
+            Tk, D, skt, skd, scaling, softcap, c,
+            True, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
+        )  # fmt: skip
+    for n0 in range(fs, fe, BLOCK_N):
+        m, se, sx, n, q1, q2, T1, T2 = _tile(
+            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
+            Tk, D, skt, skd, scaling, softcap, c,
+            False, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
+        )  # fmt: skip
+    for n0 in range(fe, hi, BLOCK_N):
+        m, se, sx, n, q1, q2, T1, T2 = _tile(
+            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
+            Tk, D, skt, skd, scaling, softcap, c,
+            True, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
+        )  # fmt: skip
+    # second largest over the columns' top twos (a maximum in two columns counts twice)
+    ties = tl.sum(tl.where(T1 == m[:, None], 1.0, 0.0), 1)
+    other = tl.max(tl.where(T1 < m[:, None], T1, neg_inf), 1)
+    m2 = tl.where(ties >= 2.0, m, tl.maximum(other, tl.max(T2, 1)))
+    return m, m2, se, sx, n, q1, q2
+
+
+@triton.jit
+def _row_values(m, m2, se, sx, n, q1, q2, f, unit, c, sig, has_sink,
+                curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr, tab_size, tab_stride, tab_nb,
+                CELLS: tl.constexpr, STEPS: tl.constexpr):  # fmt: skip
+    """The epilogue, per row, in natural units relative to f: every statistic of ``VALUES``
+    in order, then the rows' option, key and other-key counts, entropy and max_prob."""
+    nr = n
+    has_r = nr > 0.0
+    mr = m * unit  # -inf without other keys
+    lr = tl.where(has_r, se, 0.0)
+    ar = tl.where(has_r, sx * LN2, 0.0)  # sum e^(z - max) (z - max)
+    n1 = tl.maximum(nr, 1.0)
+    mur = tl.where(has_r, (m + q1 / (n1 * c)) * unit, 0.0)  # mean z - f of the other keys
+    M2r = tl.maximum(q2 - q1 * q1 / n1, 0.0) * (LN2 * LN2)  # their centred sum of squares (z^2)
+    # the other keys alone (_xsink)
+    lr1 = tl.where(has_r, lr, 1.0)
+    ent_x = tl.log(lr1) - ar / lr1
+    std_x = tl.sqrt(tl.maximum(M2r / tl.maximum(nr, 1.0), 0.0))
+    thr_x = tl.sqrt(2.0 * tl.log(tl.maximum(nr, 1.0)))
+    beta_x = _beta_eff(ent_x, nr, curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr,
+                       tab_size, tab_stride, tab_nb, CELLS, STEPS)  # fmt: skip
+    # merged with the first key (d = 0), as sums.merge_one
+    mk = tl.maximum(mr, 0.0)
+    dx = tl.where(has_r, mr - mk, 0.0)
+    ex = tl.exp(dx)
+    ey = tl.exp(-mk)
+    lk = lr * ex + ey
+    ak = ex * (ar + dx * lr) - ey * mk
+    nk = nr + 1.0
+    m2k = tl.maximum(tl.minimum(mr, 0.0), m2 * unit)
+    muk = mur * (nr / nk)
+    M2k = M2r + mur * mur * (nr / nk)
+    # with a learned sink: one more option of the softmax (not of the logit statistics)
+    srel = sig.to(tl.float32) - f * unit
+    ms = tl.maximum(mk, srel)
+    e1 = tl.exp(mk - ms)
+    e2 = tl.exp(srel - ms)  # 0 without a sink
+    ls = lk * e1 + e2
+    as_ = e1 * (ak + (mk - ms) * lk) + e2 * tl.where(e2 > 0.0, srel - ms, 0.0)
+    entropy = tl.log(ls) - as_ / ls
+    lse = ms + tl.log(ls)
+    n_opt = nk + has_sink
+    std = tl.sqrt(tl.maximum(M2k / nk, 0.0))
+    thr = tl.sqrt(2.0 * tl.log(nk))
+    beta = _beta_eff(entropy, n_opt, curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr,
+                     tab_size, tab_stride, tab_nb, CELLS, STEPS)  # fmt: skip
+    max_prob = 1.0 / ls
+    row_max = (tl.maximum(m, 0.0) + f) * unit  # the largest real logit (d = 0: the first key)
+    thr_opt = tl.sqrt(2.0 * tl.log(tl.maximum(n_opt, 1.0)))
+    values = (
+        entropy, entropy / tl.log(tl.maximum(n_opt, 2.0)), max_prob, std, mk - muk, mk - m2k,
+        tl.where(std > thr, 1.0, 0.0), tl.exp(-lse), beta, tl.where(beta > thr_opt, 1.0, 0.0),
+        ent_x, 1.0 / lr1, std_x, tl.where(std_x > thr_x, 1.0, 0.0), beta_x,
+        tl.where(beta_x > thr_x, 1.0, 0.0), row_max, tl.exp(srel - lse),
+    )  # fmt: skip
+    return values, n_opt, nk, nr
+
+
+@triton.jit
+def _store_record(base, values, kept, n_opt, nk, nr, has_sink):
+    """One program's record: each statistic's sum over its rows, their count, the largest
+    logit (``VALUES[16]``, the row max, over the kept rows)."""
+    two_opt = kept & (n_opt >= 2.0)
+    two_keys = kept & (nk >= 2.0)
+    x_ok = kept & (nr >= 2.0)
+    with_sink = kept & (has_sink > 0)
+    # each statistic's rows: kept (0), two options (1), two keys (2), two other keys (3), sink (4)
+    weights = (kept, two_opt, two_keys, x_ok, with_sink)
+    CLASS: tl.constexpr = (0, 1, 0, 0, 0, 2, 0, 0, 1, 1, 3, 3, 3, 3, 3, 3, 0, 4)
+    counts = (
+        tl.sum(kept.to(tl.float32), 0), tl.sum(two_opt.to(tl.float32), 0),
+        tl.sum(two_keys.to(tl.float32), 0), tl.sum(x_ok.to(tl.float32), 0),
+        tl.sum(with_sink.to(tl.float32), 0),
+    )  # fmt: skip
+    for j in tl.static_range(N_VALUES_C):
+        tl.store(base + j, tl.sum(tl.where(weights[CLASS[j]], values[j], 0.0), 0))
+        tl.store(base + N_VALUES_C + j, counts[CLASS[j]])
+    tl.store(base + 2 * N_VALUES_C, tl.max(tl.where(kept, values[16], float("-inf")), 0))
+
+
+@triton.jit
+def _histograms(hist_base, entropy, max_prob, kept, lo0, scale0, lo1, scale1, BINS: tl.constexpr):
+    """The kept rows' bins of entropy and max_prob, added to the head's int32 counts (atomic
+    adds: integer, so exact and order-free)."""
+    bins = tl.arange(0, BINS)
+    be = tl.where(kept, (entropy - lo0) * scale0, 0.0)
+    be = tl.minimum(tl.maximum(be, 0.0), BINS - 1.0).to(tl.int32)
+    he = tl.histogram(be, BINS, mask=kept)
+    tl.atomic_add(hist_base + bins, he, mask=he > 0, sem="relaxed")
+    bp = tl.where(kept, (max_prob - lo1) * scale1, 0.0)
+    bp = tl.minimum(tl.maximum(bp, 0.0), BINS - 1.0).to(tl.int32)
+    hp = tl.histogram(bp, BINS, mask=kept)
+    tl.atomic_add(hist_base + BINS + bins, hp, mask=hp > 0, sem="relaxed")
+
+
+@triton.jit
 def site_kernel(
     q_ptr, k_ptr, start_ptr, end_ptr, rowv_ptr, sink_ptr, out_ptr, hist_ptr,
     curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr,
@@ -183,166 +360,28 @@ def site_kernel(
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # longest (causal) query blocks first
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
-    kvh = h // G
-
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (M,) query rows
     offs_d = tl.arange(0, BLOCK_D)  # (Dp,)
-    in_q = offs_m < Tq
-    st = tl.load(start_ptr + b * ssb + offs_m * sst, mask=in_q, other=0)
-    en = tl.load(end_ptr + b * seb + offs_m * set_, mask=in_q, other=0)
-    st = tl.maximum(st, 0)
-    en = tl.minimum(en, Tk)
-    rv = tl.load(rowv_ptr + b * srb + offs_m * srt, mask=in_q, other=0)
-    kept = in_q & (rv != 0) & (en > st)  # (M,) rows that count
-
-    if EVEN_D:
-        dmask = offs_d < BLOCK_D
-    else:
-        dmask = offs_d < D
-    q_ptrs = q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd
-    q = tl.load(q_ptrs, mask=in_q[:, None] & dmask[None, :], other=0.0)  # (M, Dp)
-    # the first visible key's logit: one dot product per row
-    k_base = k_ptr + b * skb + kvh * skh
-    first = tl.where(kept, st, 0)
-    kf = tl.load(k_base + first[:, None] * skt + offs_d[None, :] * skd,
-                 mask=kept[:, None] & dmask[None, :], other=0.0)  # (M, Dp)
-    f = tl.sum(q.to(tl.float32) * kf.to(tl.float32), 1)  # (M,)
-    if SOFTCAP:
-        f = softcap * _tanh(f * (scaling / softcap))
-        unit = 1.0  # logits are the softcapped z
-    else:
-        unit = scaling  # logits are raw q.k; z = scaling q.k
+    in_q, st, en, kept = _rows(start_ptr, end_ptr, rowv_ptr, b, offs_m, Tq, Tk, ssb, sst, seb, set_, srb, srt)
+    dmask = offs_d < (BLOCK_D if EVEN_D else D)
+    q = tl.load(q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                mask=in_q[:, None] & dmask[None, :], other=0.0)  # (M, Dp)
+    k_base = k_ptr + b * skb + (h // G) * skh
+    f = _first_logit(q, k_base, st, kept, offs_d, dmask, skt, skd, scaling, softcap, SOFTCAP)
+    unit = 1.0 if SOFTCAP else scaling  # logits: the softcapped z, or raw q.k with z = scaling q.k
     c = unit * LOG2E  # x = d c: log2 units
     if DOT_FP32:
         q = q.to(tl.float32)
-
-    # key tiles: [lo_t, fs) masked, [fs, fe) every kept row sees every key, [fe, hi) masked
-    big = 1 << 30
-    lo = tl.min(tl.where(kept, st + 1, big), 0)
-    hi = tl.max(tl.where(kept, en, 0), 0)
-    full_lo = tl.max(tl.where(kept, st + 1, 0), 0)
-    full_hi = tl.min(tl.where(kept, en, big), 0)
-    lo_t = (lo // BLOCK_N) * BLOCK_N
-    hi_t = tl.cdiv(hi, BLOCK_N) * BLOCK_N
-    fs = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo_t), hi_t)
-    fe = tl.minimum(tl.maximum((full_hi // BLOCK_N) * BLOCK_N, fs), hi_t)
-
-    neg_inf = float("-inf")
-    m = tl.full((BLOCK_M,), neg_inf, tl.float32)  # max of d over the other keys
-    se = tl.zeros((BLOCK_M,), tl.float32)  # sum 2^x, x = (d - m) c
-    sx = tl.zeros((BLOCK_M,), tl.float32)  # sum 2^x x
-    n = tl.zeros((BLOCK_M,), tl.float32)  # other keys
-    q1 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x = (d - m) c
-    q2 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x^2
-    T1 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # largest d per column pair
-    T2 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # second largest per pair
-
-    for n0 in range(lo_t, fs, BLOCK_N):
-        m, se, sx, n, q1, q2, T1, T2 = _tile(
-            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
-            Tk, D, skt, skd, scaling, softcap, c,
-            True, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
-        )  # fmt: skip
-    for n0 in range(fs, fe, BLOCK_N):
-        m, se, sx, n, q1, q2, T1, T2 = _tile(
-            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
-            Tk, D, skt, skd, scaling, softcap, c,
-            False, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
-        )  # fmt: skip
-    for n0 in range(fe, hi, BLOCK_N):
-        m, se, sx, n, q1, q2, T1, T2 = _tile(
-            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
-            Tk, D, skt, skd, scaling, softcap, c,
-            True, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
-        )  # fmt: skip
-
-    # second largest over the columns' top twos (a maximum in two columns counts twice)
-    ties = tl.sum(tl.where(T1 == m[:, None], 1.0, 0.0), 1)
-    other = tl.max(tl.where(T1 < m[:, None], T1, neg_inf), 1)
-    m2 = tl.where(ties >= 2.0, m, tl.maximum(other, tl.max(T2, 1)))
-
-    # -- epilogue, per row, natural units relative to f -----------------------------------
-    nr = n
-    has_r = nr > 0.0
-    mr = m * unit  # -inf without other keys
-    m2r = m2 * unit
-    lr = tl.where(has_r, se, 0.0)
-    ar = tl.where(has_r, sx * LN2, 0.0)  # sum e^(z - max) (z - max)
-    n1 = tl.maximum(nr, 1.0)
-    mur = tl.where(has_r, (m + q1 / (n1 * c)) * unit, 0.0)  # mean z - f of the other keys
-    M2r = tl.maximum(q2 - q1 * q1 / n1, 0.0) * (LN2 * LN2)  # their centred sum of squares (z^2)
-
-    # the other keys alone (_xsink)
-    lr1 = tl.where(has_r, lr, 1.0)
-    ent_x = tl.log(lr1) - ar / lr1
-    std_x = tl.sqrt(tl.maximum(M2r / tl.maximum(nr, 1.0), 0.0))
-    thr_x = tl.sqrt(2.0 * tl.log(tl.maximum(nr, 1.0)))
-    beta_x = _beta_eff(ent_x, nr, curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr,
-                       tab_size, tab_stride, tab_nb, CELLS, STEPS)  # fmt: skip
-
-    # merged with the first key (d = 0), as sums.merge_one
-    mk = tl.maximum(mr, 0.0)
-    dx = tl.where(has_r, mr - mk, 0.0)
-    ex = tl.exp(dx)
-    ey = tl.exp(-mk)
-    lk = lr * ex + ey
-    ak = ex * (ar + dx * lr) - ey * mk
-    nk = nr + 1.0
-    m2k = tl.maximum(tl.minimum(mr, 0.0), m2r)
-    muk = mur * (nr / nk)
-    M2k = M2r + mur * mur * (nr / nk)
-    # with a learned sink: one more option of the softmax (not of the logit statistics)
-    f_nat = f * unit
-    sig = tl.load(sink_ptr + b * sib + h * sih + offs_m * sit, mask=in_q, other=neg_inf)
-    srel = sig.to(tl.float32) - f_nat
-    ms = tl.maximum(mk, srel)
-    e1 = tl.exp(mk - ms)
-    e2 = tl.exp(srel - ms)  # 0 without a sink
-    ls = lk * e1 + e2
-    as_ = e1 * (ak + (mk - ms) * lk) + e2 * tl.where(e2 > 0.0, srel - ms, 0.0)
-    entropy = tl.log(ls) - as_ / ls
-    lse = ms + tl.log(ls)
-    n_opt = nk + has_sink
-    std = tl.sqrt(tl.maximum(M2k / nk, 0.0))
-    thr = tl.sqrt(2.0 * tl.log(nk))
-    beta = _beta_eff(entropy, n_opt, curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr,
-                     tab_size, tab_stride, tab_nb, CELLS, STEPS)  # fmt: skip
-    max_prob = 1.0 / ls
-    row_max = (tl.maximum(m, 0.0) + f) * unit  # the largest real logit (d = 0: the first key)
-
-    two_opt = kept & (n_opt >= 2.0)
-    two_keys = kept & (nk >= 2.0)
-    x_ok = kept & (nr >= 2.0)
+    m, m2, se, sx, n, q1, q2 = _sweep_keys(
+        q, k_base, offs_d, st, en, f, kept, Tk, D, skt, skd, scaling, softcap, c,
+        SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+    sig = tl.load(sink_ptr + b * sib + h * sih + offs_m * sit, mask=in_q, other=float("-inf"))
+    values, n_opt, nk, nr = _row_values(
+        m, m2, se, sx, n, q1, q2, f, unit, c, sig, has_sink,
+        curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr, tab_size, tab_stride, tab_nb, CELLS, STEPS,
+    )  # fmt: skip
     base = out_ptr + (pid_bh.to(tl.int64) * tl.num_programs(1) + pid_m) * (2 * N_VALUES_C + 1)
-    thr_opt = tl.sqrt(2.0 * tl.log(tl.maximum(n_opt, 1.0)))
-    with_sink = kept & (has_sink > 0)
-    values = (
-        entropy, entropy / tl.log(tl.maximum(n_opt, 2.0)), max_prob, std, mk - muk, mk - m2k,
-        tl.where(std > thr, 1.0, 0.0), tl.exp(-lse), beta, tl.where(beta > thr_opt, 1.0, 0.0),
-        ent_x, 1.0 / lr1, std_x, tl.where(std_x > thr_x, 1.0, 0.0), beta_x,
-        tl.where(beta_x > thr_x, 1.0, 0.0), row_max, tl.exp(srel - lse),
-    )  # fmt: skip
-    # each statistic's rows: kept (0), two options (1), two keys (2), two other keys (3), sink (4)
-    weights = (kept, two_opt, two_keys, x_ok, with_sink)
-    CLASS: tl.constexpr = (0, 1, 0, 0, 0, 2, 0, 0, 1, 1, 3, 3, 3, 3, 3, 3, 0, 4)
-    counts = (
-        tl.sum(kept.to(tl.float32), 0), tl.sum(two_opt.to(tl.float32), 0),
-        tl.sum(two_keys.to(tl.float32), 0), tl.sum(x_ok.to(tl.float32), 0),
-        tl.sum(with_sink.to(tl.float32), 0),
-    )  # fmt: skip
-    for j in tl.static_range(N_VALUES_C):
-        tl.store(base + j, tl.sum(tl.where(weights[CLASS[j]], values[j], 0.0), 0))
-        tl.store(base + N_VALUES_C + j, counts[CLASS[j]])
-    tl.store(base + 2 * N_VALUES_C, tl.max(tl.where(kept, row_max, neg_inf), 0))
-
-    # histograms of entropy and max_prob: bins of the kept rows, added to the head's counts
-    bins = tl.arange(0, BINS)
-    hist_base = hist_ptr + h * (2 * BINS)
-    be = tl.where(kept, (entropy - hist_lo0) * hist_scale0, 0.0)
-    be = tl.minimum(tl.maximum(be, 0.0), BINS - 1.0).to(tl.int32)
-    he = tl.histogram(be, BINS, mask=kept)
-    tl.atomic_add(hist_base + bins, he, mask=he > 0, sem="relaxed")
-    bp = tl.where(kept, (max_prob - hist_lo1) * hist_scale1, 0.0)
-    bp = tl.minimum(tl.maximum(bp, 0.0), BINS - 1.0).to(tl.int32)
-    hp = tl.histogram(bp, BINS, mask=kept)
-    tl.atomic_add(hist_base + BINS + bins, hp, mask=hp > 0, sem="relaxed")
+    _store_record(base, values, kept, n_opt, nk, nr, has_sink)
+    _histograms(hist_ptr + h * (2 * BINS), values[0], values[2], kept,
+                hist_lo0, hist_scale0, hist_lo1, hist_scale1, BINS)
