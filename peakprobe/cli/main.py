@@ -7,9 +7,8 @@ import shlex
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 
+from ..hf import quiet_transformers_progress
 from ..vocab import PeakprobeError, PeakprobeWarning
 from .commands import COMMANDS
 from .options import add_verbosity, warn_deprecated
@@ -64,21 +63,6 @@ def _route_warnings(verbose: bool) -> None:
     hf_logging.set_verbosity_error()
 
 
-@contextmanager
-def _own_progress_only() -> Iterator[None]:
-    """transformers' per-load progress bars off while a command runs (a sweep loads a model per
-    checkpoint; its own bar counts them), restored after."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -96,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             _route_warnings(args.verbose)
             warn_deprecated(args)
-            with _own_progress_only():
+            with quiet_transformers_progress():  # a command's own bars count its work
                 return COMMANDS[args.command].run(args, command)
     except KeyboardInterrupt:
         print("peakprobe: interrupted; finished checkpoints are kept, re-run to resume", file=sys.stderr)
