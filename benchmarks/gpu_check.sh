@@ -10,7 +10,7 @@
 # 2 audit      audit.txt             sync_audit.py --cuda (a probed    sync_audit.py (interpreter),
 #                                    forward under sync debug "error"),  lm_head_bytes.py
 #                                    lm_head_bytes.py
-# 3 parity     parity.txt            tests/test_triton_parity.py       needs a GPU (skipped)
+# 3 parity     parity.txt            tests/probes/test_triton_parity.py       needs a GPU (skipped)
 #                                    compiled on CUDA (a subset sized
 #                                    to its timeout)
 # 4 benchmark  bench.txt, bench.json benchmarks/gpu.py, Pythia-160m    gpu.py --smoke
@@ -96,12 +96,12 @@ run lm_head_bytes 150 audit.txt "$PY" benchmarks/lm_head_bytes.py --seq 16
 # 3. parity on CUDA: about 25 kernel variants to compile (a few seconds each), the architectures
 # in bf16, sinks with softcapping, the Pythia head dims at T = 1000 in each dtype
 if [ "$GPU" = 1 ]; then
-  PEAKPROBE_TRITON_DEVICE=cuda run parity 150 parity.txt "$PY" -m pytest tests/test_triton_parity.py \
-    tests/test_lm_head_kernel.py -v -p no:cacheprovider --durations=5 \
+  PEAKPROBE_TRITON_DEVICE=cuda run parity 150 parity.txt "$PY" -m pytest tests/probes/test_triton_parity.py \
+    tests/probes/test_lm_head_kernel.py -v -p no:cacheprovider --durations=5 \
     -k "(architectures and bf16) or sinks_and_softcap or pythia_like or largest_logit or lm_head"
   parity=$?
 else
-  note "parity skipped: needs a GPU (on CPU: python -m pytest tests/test_triton_parity.py tests/test_lm_head_kernel.py)"
+  note "parity skipped: needs a GPU (on CPU: python -m pytest tests/probes/test_triton_parity.py tests/probes/test_lm_head_kernel.py)"
   parity=0
 fi
 

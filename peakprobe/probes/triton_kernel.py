@@ -14,7 +14,7 @@ Precision: q and k are read as stored (float16, bfloat16 or float32) and multipl
 float32 accumulation (float32 operands as three-pass TF32, about float32 accuracy: plain IEEE
 float32 would not use the tensor cores, one pass of TF32 loses 3 decimal digits); the online
 sums and the per-row statistics are float32, the per-head sums float64. Tolerances against a
-float64 evaluation of the same q/k (``tests/test_triton_parity.py``), per-head means, by q/k
+float64 evaluation of the same q/k (``tests/probes/test_triton_parity.py``), per-head means, by q/k
 dtype: float32, bfloat16 and float16 alike 2e-5 relative (half-precision values are exact in
 float32; the error is float32 accumulation; observed under the interpreter: at most 3e-7),
 beta_eff 2e-4 (its inversion amplifies the entropy's rounding for near-uniform rows; observed

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import _sequence_model, embedded_text, eval_data
-from hf_cache_layout import cache_revision
+from helpers import _sequence_model, embedded_text, eval_data
+from helpers.hf_cache import cache_revision
 from huggingface_hub import scan_cache_dir
 
 from peakprobe import results

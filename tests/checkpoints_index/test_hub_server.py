@@ -1,4 +1,4 @@
-"""The hub path against a real HTTP server (tests/hub_server.py): ``peakprobe`` runs in a
+"""The hub path against a real HTTP server (tests/helpers/hub_server.py): ``peakprobe`` runs in a
 subprocess with ``HF_ENDPOINT`` pointing at it, so the real huggingface_hub and transformers code
 lists the refs, resolves files at step<N> revisions, follows LFS redirects and downloads.
 
@@ -20,14 +20,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import _sequence_model, embedded_text
-from hub_server import HubServer
+from helpers import _sequence_model, embedded_text
+from helpers.hub_server import HubServer
 
 from peakprobe import results
 from peakprobe.cli import main
 from peakprobe.sweep import LOAD_TRIES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPO = "tiny-org/served-pythia"
 STEPS = [0, 4, 16, 64]
 ARGS = ["--n-windows", "4", "--window", "24", "--batch-size", "2", "--no-attribution"]

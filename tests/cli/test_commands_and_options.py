@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import write_sequence
+from helpers import write_sequence
 
 from peakprobe.cli import main
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import STEPS, embedded_text, write_sequence
+from helpers import STEPS, embedded_text, write_sequence
 
 from peakprobe import vocab
 from peakprobe.cli import main

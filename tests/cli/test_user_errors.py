@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import write_sequence
 from filelock import FileLock
+from helpers import write_sequence
 from transformers import BertConfig, BertModel, GPTNeoXConfig, GPTNeoXForCausalLM
 
 from peakprobe import results, vocab

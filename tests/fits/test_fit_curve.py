@@ -20,7 +20,7 @@ from peakprobe.fits.curve import fit_curve_models
 from peakprobe.fits.curve_io import CurveError, read_curve, step_of
 from peakprobe.fits.third import judge_third
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 N_BOOT = 100
 STEPS = [512, 1000, 2000, 3000, 6000, 12000, 16000, 24000, 32000, 48000, 64000, 79000, 96000,
          112000, 128000, 143000]

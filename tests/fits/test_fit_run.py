@@ -1,4 +1,4 @@
-"""fit_run on raw synthetic runs (tests/synthetic.py) whose laws, peakedness, gains and
+"""fit_run on raw synthetic runs (tests/helpers/synthetic.py) whose laws, peakedness, gains and
 bottleneck are planted: the verdicts must come out as planted."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from synthetic import make_run, pythia_like_steps
+from helpers.synthetic import make_run, pythia_like_steps
 
 from peakprobe import results, vocab
 from peakprobe.config import FitConfig

@@ -1,11 +1,11 @@
 """Test helper, and a torchrun script: tiny GPT-NeoX and Llama (GQA) models probed by a Monitor
 under DDP, FSDP2 or tensor parallel on CPU (gloo).
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/dist_run.py MODE ARCH OUT
+    python -m torch.distributed.run --nproc_per_node 2 tests/helpers/dist_run.py MODE ARCH OUT
 
 MODE is ddp, fsdp, tp or tp-vocab (tensor parallel with a vocab-parallel LM head); ARCH neox or
 llama. The Monitor probes step 0 (the initialised model) into OUT/run; rank 0 prints a line.
-``python tests/dist_run.py single ARCH OUT`` writes the single-process reference. The test
+``python tests/helpers/dist_run.py single ARCH OUT`` writes the single-process reference. The test
 module starts the same ``worker`` with ``torch.multiprocessing.spawn``.
 """
 

@@ -1,7 +1,7 @@
 """Test helper, and a torchrun script: a tiny GPT-NeoX trained by the HF Trainer on CPU,
 optionally with peakprobe's callback.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/trainer_run.py OUT
+    python -m torch.distributed.run --nproc_per_node 2 tests/helpers/trainer_run.py OUT
 
 trains with the callback in two gloo processes and prints, per rank, how many probes it wrote.
 """

@@ -9,7 +9,7 @@ import weakref
 import pandas as pd
 import pytest
 import torch
-from conftest import VOCAB, left_padded_batch, tiny_model
+from helpers import VOCAB, left_padded_batch, tiny_model
 from transformers import AutoModelForCausalLM, GPT2Config, MambaConfig
 
 from peakprobe.config import ProbeConfig

@@ -7,7 +7,7 @@ cannot serve). Every statistic is then recomputed row by row in numpy, with the 
 stated independently (causal, padding, sliding window). The probed model runs its default
 (sdpa or eager) path, with a left-padded batch.
 
-Besides the seven architectures of ``conftest.ARCHS`` a tiny gpt-oss checks the learned sink
+Besides the seven architectures of ``helpers.ARCHS`` a tiny gpt-oss checks the learned sink
 logit: its eager softmax sees the scores with the sink appended as a last column. The
 entropy-equivalent beta_eff is checked against an independent inversion (scipy's brentq on a
 numpy re-implementation of the tabulated curve).
@@ -20,9 +20,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import ARCHS, VOCAB, left_padded_batch
-from conftest import tiny_config as _tiny_config
-from conftest import tiny_model as _tiny_model
+from helpers import ARCHS, VOCAB, left_padded_batch
+from helpers import tiny_config as _tiny_config
+from helpers import tiny_model as _tiny_model
 from scipy.optimize import brentq
 from scipy.special import entr
 from transformers import AutoModelForCausalLM, GptOssConfig

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import VOCAB, tiny_model
+from helpers import VOCAB, tiny_model
 
 from peakprobe import vocab
 from peakprobe.config import ProbeConfig
@@ -115,8 +115,8 @@ def test_a_trainer_with_data_collator_with_flattening_writes_a_run_fit_and_repor
     """Training batches packed by ``DataCollatorWithFlattening`` (position ids restart, no mask),
     the callback probing packed-docs windows: the run directory holds the planned probes and
     ``peakprobe fit`` / ``report`` run on it."""
-    from trainer_run import VOCAB as TVOCAB
-    from trainer_run import tiny_neox
+    from helpers.trainer_run import VOCAB as TVOCAB
+    from helpers.trainer_run import tiny_neox
     from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
     from peakprobe import results

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 PLANTED = '''
 import pytest
-from extras import missing
+from helpers.extras import missing
 
 pytestmark = pytest.mark.skipif(True, reason=missing("triton", "triton is not installed"))
 
@@ -23,7 +23,7 @@ def test_needs_triton():
 
 PLANTED_MODULE = '''
 import pytest
-from extras import missing
+from helpers.extras import missing
 
 pytest.skip(missing("chromium", "no browser"), allow_module_level=True)
 

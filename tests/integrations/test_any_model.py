@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from extras import missing
+from helpers.extras import missing
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from peakprobe import results, vocab
@@ -27,7 +27,7 @@ from peakprobe.config import ProbeConfig
 from peakprobe.hooks import attach
 from peakprobe.hooks.sdpa import UnprobedAttentionWarning, attach_sdpa
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "any_model.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "any_model.md"
 
 
 def _doc_blocks() -> list[str]:

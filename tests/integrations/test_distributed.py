@@ -8,12 +8,12 @@ import json
 import socket
 from pathlib import Path
 
-import dist_run
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers import dist_run
 
 from peakprobe import vocab
 from peakprobe.cli import main

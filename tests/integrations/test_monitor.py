@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_model
-from trainer_run import eval_windows, tiny_neox, windows
+from helpers import tiny_model
+from helpers.trainer_run import eval_windows, tiny_neox, windows
 
 from peakprobe import results, vocab
 from peakprobe.checkpoint import probe_model

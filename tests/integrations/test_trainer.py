@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from trainer_run import SAVE_EVERY, STEPS, eval_windows, train
+from helpers.trainer_run import SAVE_EVERY, STEPS, eval_windows, train
 
 from peakprobe import results
 from peakprobe.checkpoints_index import from_local
@@ -144,11 +144,11 @@ def test_two_gloo_processes_merge_on_rank_zero(tmp_path):
     ranks probe their share of the windows at every planned step, rank 0 alone writes them
     (rank 1 records none), and the merged numbers are a sweep's of the model saved at the last
     step, bit for bit."""
-    script = Path(__file__).with_name("trainer_run.py")
+    script = Path(__file__).parents[1] / "helpers" / "trainer_run.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script),
            str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))

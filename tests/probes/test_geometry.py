@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import left_padded_batch, tiny_model
+from helpers import left_padded_batch, tiny_model
 
 from peakprobe import vocab
 from peakprobe.config import ProbeConfig
@@ -78,17 +78,17 @@ def test_rms_logit_decomposes_exactly_through_attach():
 
 @pytest.mark.slow
 def test_factor_exponents_add_up_on_a_planted_run(tmp_path):
-    """The conftest sequence scales every head's q, k (and v) weights by (1 + step)^(1/3): for
+    """The helpers sequence (write_sequence) scales every head's q, k (and v) weights by (1 + step)^(1/3): for
     every peaked head, the fitted exponents of q_rms, k_rms and qk_align add up to logit_rms's
     within 0.05, and the report names a norm (not the alignment) as the carrier."""
     import json
 
-    from conftest import STEPS, _sequence_model
+    from helpers import STEPS, _sequence_model
 
     from peakprobe import results
     from peakprobe.cli import main
 
-    for step in STEPS:  # the conftest sequence, its attention sharpened 8x more: peaked heads
+    for step in STEPS:  # the helpers sequence, its attention sharpened 8x more: peaked heads
         model, tok = _sequence_model(step)
         with torch.no_grad():
             for layer in model.gpt_neox.layers:

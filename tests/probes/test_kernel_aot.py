@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from extras import missing
+from helpers.extras import missing
 
 # Located, not imported: importing triton here would make test_triton_parity.py (collected
 # later) find it loaded without the interpreter.
@@ -26,7 +26,7 @@ _SPEC = importlib.util.find_spec("triton")
 if _SPEC is None:
     pytest.skip(missing("triton", "triton is not installed"), allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "kernel_aot.py"
 BIN = Path(list(_SPEC.submodule_search_locations)[0]) / "backends" / "nvidia" / "bin"
 

@@ -26,7 +26,7 @@ import sys
 
 import pytest
 import torch
-from extras import missing
+from helpers.extras import missing
 
 DEVICE = os.environ.get("PEAKPROBE_TRITON_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda"
@@ -36,7 +36,7 @@ if not ON_GPU and "triton" not in sys.modules:
 pytest.importorskip("triton", reason=missing("triton", "triton is not installed (pip install triton)"),
                     exc_type=ImportError)
 
-from conftest import ARCHS, left_padded_batch  # noqa: E402
+from helpers import ARCHS, left_padded_batch  # noqa: E402
 from test_hooks_exact import tiny_model  # noqa: E402
 
 from peakprobe import vocab  # noqa: E402
@@ -56,7 +56,7 @@ if not RUN_HERE:
 
     def test_this_file_in_an_interpreter_subprocess():
         env = dict(os.environ, TRITON_INTERPRET="1")
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         out = subprocess.run([sys.executable, "-m", "pytest", os.path.abspath(__file__), "-q", "-p",
                               "no:cacheprovider"], cwd=root, env=env, capture_output=True, text=True)
         assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]

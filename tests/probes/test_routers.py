@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import VOCAB, left_padded_batch
+from helpers import VOCAB, left_padded_batch
 from scipy.special import logsumexp
 from transformers import (
     AutoModelForCausalLM,
@@ -127,7 +127,7 @@ def test_router_labels_and_hooks_removed():
 
 
 def test_dense_model_has_no_router():
-    from conftest import tiny_model
+    from helpers import tiny_model
 
     assert find_routers(tiny_model("llama_gqa")) == []
 

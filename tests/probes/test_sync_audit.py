@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from extras import missing
+from helpers.extras import missing
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import sync_audit  # noqa: E402

@@ -34,7 +34,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from extras import missing
+from helpers.extras import missing
 
 DEVICE = os.environ.get("PEAKPROBE_TRITON_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda"
@@ -48,7 +48,7 @@ triton = pytest.importorskip(
     "triton", reason=missing("triton", "triton is not installed (pip install triton)"), exc_type=ImportError
 )
 
-from conftest import ARCHS, tiny_config  # noqa: E402
+from helpers import ARCHS, tiny_config  # noqa: E402
 
 from peakprobe import vocab  # noqa: E402
 from peakprobe.probes import triton_kernel as tk  # noqa: E402
@@ -72,7 +72,7 @@ if not RUN_HERE:
         """Triton was imported without TRITON_INTERPRET=1 before this module: run the file in
         a new process with it set, and pass only if every test there passes."""
         env = dict(os.environ, TRITON_INTERPRET="1")
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         cmd = [sys.executable, "-m", "pytest", os.path.abspath(__file__), "-q"]
         out = subprocess.run(
             cmd + ["-p", "no:cacheprovider"], cwd=root, env=env, capture_output=True, text=True
@@ -301,13 +301,13 @@ def _check(q, k, *, exact_max=False, **kw):
 
 
 def _gpt_oss_features() -> dict:
-    """tests/test_hooks_exact.py's tiny gpt-oss: GQA 4/2, head dim 8, sliding window 5 on
+    """tests/hooks/test_hooks_exact.py's tiny gpt-oss: GQA 4/2, head dim 8, sliding window 5 on
     alternate layers, a learned sink per head."""
     return dict(h=4, hkv=2, d=8, scaling=8**-0.5, softcap=None, window=5, sinks=True)
 
 
 def arch_features(arch: str) -> dict:
-    """The attention shape and features of conftest's tiny ``arch``: heads, key heads, head dim,
+    """The attention shape and features of helpers' tiny ``arch``: heads, key heads, head dim,
     scaling, softcapping, sliding window, learned sinks."""
     if arch == "gpt_oss":
         return _gpt_oss_features()

@@ -1,6 +1,6 @@
 """The comparison report: a planted family of four sizes through fitted run directories and
 through an external curve file recovers the planted loss exponents within 0.01; the page passes
-the headless-browser checks of report.html (reusing tests/test_report_browser.py's machinery)."""
+the headless-browser checks of report.html (reusing tests/reports/test_report_browser.py's machinery)."""
 
 from __future__ import annotations
 

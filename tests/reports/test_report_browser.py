@@ -1,6 +1,6 @@
 """report.html in a real headless Chromium (Debian ``chromium`` + ``chromium-driver``, via selenium).
 
-The run is raw synthetic (tests/synthetic.py) fitted by the real ``fit_run``, so every section
+The run is raw synthetic (tests/helpers/synthetic.py) fitted by the real ``fit_run``, so every section
 has a figure. Checks: it loads from a file:// URL with no SEVERE console message and no request
 other than file:/data:; every image decodes to a non-zero natural size (inline SVGs have a non-zero box);
 hostile names stay text; clicking a header re-sorts the per-head table (numeric-aware, descending
@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from extras import missing
-from synthetic import make_run
+from helpers.extras import missing
+from helpers.synthetic import make_run
 
 from peakprobe.config import FitConfig
 from peakprobe.fits import fit_run

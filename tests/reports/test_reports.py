@@ -1,6 +1,6 @@
 """Tests of peakprobe.reports on runs fitted by the real ``fit_run``.
 
-Each run directory is raw: ``synthetic.make_run`` (tests/synthetic.py) writes what a sweep writes,
+Each run directory is raw: ``synthetic.make_run`` (tests/helpers/synthetic.py) writes what a sweep writes,
 with planted laws (logit growth, gains G = share R_end (t / t_end)^-alpha, the loss law, a loss
 spike, a duplicated checkpoint), and ``peakprobe.fits.fit_run`` fits it. The report must copy what
 the fit wrote (checked against fits.parquet / fits.json read directly with pyarrow and json),
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from synthetic import make_run
+from helpers.synthetic import make_run
 
 from peakprobe import results, vocab
 from peakprobe.config import FitConfig
@@ -50,7 +50,7 @@ EVIL_DIR = "<img src=x onerror=alert(3)>"
 L, H, C = 3, 4, 30  # 30 log-spread Pythia steps include step4, step64 and step35000
 N_BOOT = 200
 DUPLICATE, KEPT, SPIKE = "step4", "step64", 35000
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _fitted(run_dir: Path, **kw):

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import tiny_model, write_sequence
-from trainer_run import eval_windows
+from helpers import tiny_model, write_sequence
+from helpers.trainer_run import eval_windows
 
 from peakprobe import results
 from peakprobe.cli import main

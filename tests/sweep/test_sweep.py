@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import STEPS, eval_data, write_sequence
+from helpers import STEPS, eval_data, write_sequence
 
 from peakprobe import results, vocab
 from peakprobe.checkpoint import probe_model
@@ -25,7 +25,7 @@ from peakprobe.config import ProbeConfig
 from peakprobe.corpus import build_tokenizer
 from peakprobe.sweep import SweepConfig, SweepError, sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

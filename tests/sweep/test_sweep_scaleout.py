@@ -13,7 +13,7 @@ import weakref
 from pathlib import Path
 
 import pytest
-from conftest import STEPS, embedded_text, eval_data, write_sequence
+from helpers import STEPS, embedded_text, eval_data, write_sequence
 
 import peakprobe.sweep as sweep_mod
 from peakprobe import results
@@ -98,7 +98,7 @@ def test_two_concurrent_sweeps_never_probe_a_checkpoint_twice(folder, reference,
 _SWEEP_PROCESS = """
 import json, sys, time
 sys.path.insert(0, {tests!r})
-from conftest import eval_data
+from helpers import eval_data
 import peakprobe.sweep as sweep_mod
 from peakprobe.checkpoints_index import from_local
 from peakprobe.config import AttributionConfig
@@ -121,7 +121,7 @@ def test_two_concurrent_sweep_processes_never_probe_a_checkpoint_twice(folder, r
     import sys
 
     run = tmp_path / "run"
-    code = _SWEEP_PROCESS.format(tests=str(Path(__file__).parent), folder=str(folder), run=str(run))
+    code = _SWEEP_PROCESS.format(tests=str(Path(__file__).parents[1]), folder=str(folder), run=str(run))
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"}) for _ in range(2)]
     outs = [json.loads(p.communicate(timeout=900)[0].strip().splitlines()[-1]) for p in procs]
