@@ -741,7 +741,7 @@ def test_lockstep_head_searches_give_the_sequential_frame(arch, heads):
     float64 rounding: the same steps, on values of a larger batch. Softcapping and sinks take
     the eager beta path; GQA the model's own attention with the betas folded into the query."""
     if arch == "gpt_oss":
-        from test_hooks_exact import tiny_model as exact_model
+        from helpers.reference import tiny_model as exact_model
 
         model = exact_model("gpt_oss")
     else:

@@ -37,7 +37,7 @@ pytest.importorskip("triton", reason=missing("triton", "triton is not installed 
                     exc_type=ImportError)
 
 from helpers import ARCHS, left_padded_batch  # noqa: E402
-from test_hooks_exact import tiny_model  # noqa: E402
+from helpers.reference import tiny_model  # noqa: E402
 
 from peakprobe import vocab  # noqa: E402
 from peakprobe.config import ProbeConfig  # noqa: E402

@@ -307,7 +307,7 @@ def test_causal_statistics_with_a_query_offset_match_a_float64_reference(tq, off
     """The default causal path with queries starting ``off`` positions into the keys (a KV
     cache): every statistic's per-head mean against each row written out in numpy float64
     (row q sees keys 0..min(q + off, tk - 1))."""
-    from test_hooks_exact import _row_stats
+    from helpers.reference import _row_stats
 
     g = torch.Generator().manual_seed(tq * 100 + tk)
     q = torch.randn(2, 2, tq, 8, generator=g, dtype=torch.float64) * 2

@@ -162,7 +162,7 @@ def test_fits_json_without_bottleneck_degrades(tmp_path):
 # -- the headless-browser checks of report.html, on compare.html -----------------------------------
 @pytest.fixture(scope="module")
 def page(family):
-    from test_report_browser import open_page
+    from helpers.browser import open_page
 
     paths = family[1]
     base = paths.out_dir.parent
@@ -172,7 +172,7 @@ def page(family):
 
 @pytest.mark.browser
 def test_compare_page_loads_offline_without_errors(page):
-    from test_report_browser import _network_urls
+    from helpers.browser import network_urls as _network_urls
 
     driver, _ = page
     assert driver.execute_script("return document.readyState") == "complete"

@@ -10,15 +10,10 @@ or selenium is missing. A screenshot is saved under pytest's tmp folder (never i
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
-from helpers.extras import missing
+from helpers.browser import _browser_paths, network_urls, open_page
 from helpers.synthetic import make_run
 
 from peakprobe.config import FitConfig
@@ -27,58 +22,7 @@ from peakprobe.reports import FIGURE_NAMES, render_report
 
 pytestmark = pytest.mark.browser
 
-CHROME_ARGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1280,2200",
-)
 EVIL_MODEL = "<script>alert(1)</script>"
-
-
-def _browser_paths() -> tuple[str, str]:
-    browser = next(
-        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
-    )
-    driver = shutil.which("chromedriver")
-    if browser is None or driver is None:
-        pytest.skip(missing(
-            "chromium", "headless browser test needs Debian's chromium and chromium-driver "
-            "(apt-get install -y chromium chromium-driver); not found on PATH"
-        ))
-    return browser, driver
-
-
-@contextmanager
-def open_page(html: Path, base: Path) -> Iterator:
-    """A headless Chromium driver showing ``html`` (file://), with its console and network logs
-    emptied of the start page's entries; quits on exit. Skips without selenium or the browser."""
-    webdriver = pytest.importorskip(
-        "selenium.webdriver", reason="browser test needs selenium (pip install selenium)"
-    )
-    from selenium.webdriver.chrome.service import Service
-
-    browser, driver_path = _browser_paths()
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for arg in CHROME_ARGS:
-        options.add_argument(arg)
-    options.add_argument(f"--user-data-dir={base / 'profile'}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-    try:
-        driver.get("about:blank")  # leave the start page, then drop what it logged
-        driver.get_log("performance")
-        driver.get_log("browser")
-        driver.get(html.resolve().as_uri())
-        yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture(scope="module")
@@ -94,16 +38,6 @@ def page(tmp_path_factory):
     paths = render_report(base / "run")
     with open_page(paths.html, base) as driver:
         yield driver, base
-
-
-def _network_urls(driver) -> list[str]:
-    urls = []
-    for entry in driver.get_log("performance"):
-        message = json.loads(entry["message"])["message"]
-        if message["method"] in ("Network.requestWillBeSent", "Network.webSocketCreated"):
-            params = message["params"]
-            urls.append(params.get("request", {}).get("url") or params.get("url", ""))
-    return urls
 
 
 def _column(driver, header: str) -> list[float]:
@@ -139,7 +73,7 @@ def test_loads_offline_without_errors(page):
     assert driver.execute_script("return document.readyState") == "complete"
     severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert severe == []
-    urls = _network_urls(driver)
+    urls = network_urls(driver)
     assert any(u.startswith("file:") for u in urls)  # the log works: the page itself was seen
     assert [u for u in urls if not u.startswith(("file:", "data:"))] == []
 
