@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from peakprobe.hf import quiet_transformers_progress
 from peakprobe.toy import planted_scale
 
 TRAINED_QK_TASK = "trained_qk"
@@ -110,7 +111,8 @@ def oracle_losses(checkpoints: Path, steps: list[int], ids) -> list[dict]:
 
     rows = []
     for step in steps:
-        model = GPTNeoXForCausalLM.from_pretrained(checkpoints / f"step{step}")
+        with quiet_transformers_progress():
+            model = GPTNeoXForCausalLM.from_pretrained(checkpoints / f"step{step}")
         model.eval()
         with torch.no_grad():
             loss = float(model(input_ids=ids, labels=ids).loss)
