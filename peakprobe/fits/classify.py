@@ -16,7 +16,8 @@ at the window's ends, read off the gain's and the loss's fitted laws. The loss l
 cancels in L(t1) - L(t2), which the fit must match to the data, so the share does not hinge on
 L0 (a free-floor law that buys late curvature with a low L0 inflates L - L0 several-fold). Its
 interval pairs the gain's and the loss's bootstrap refits by index; its p-value is the
-one-sided normal tail of "share <= GAIN_SHARE_MIN" with the bootstrap standard error, and
+one-sided normal tail of "share <= GAIN_SHARE_MIN" with the bootstrap's robust scale
+(interquartile range / 1.349), and
 Benjamini-Hochberg runs within three families (heads; layer groups; attn_all and the LM head).
 ``share_floor`` = G(t_end) / (L - L0)(t_end), both read off their fitted laws, with a paired
 bootstrap interval, is reported beside it and decides nothing.
@@ -114,8 +115,9 @@ def drop_share(fit: dict, boot, loss_fit, loss_boot, t1: float, t2: float) -> di
         if shares.size >= 2:
             lo, hi = percentile_interval(shares, vocab.CI_LEVEL)
             out["share_lo"], out["share_hi"] = float(lo), float(hi)
+            # robust scale: a ratio of two bootstrap drops has a few huge draws
             out["p_share"] = float(p_at_most(np.array([out["share"]]), shares[None, :],
-                                             vocab.GAIN_SHARE_MIN)[0])
+                                             vocab.GAIN_SHARE_MIN, robust=True)[0])
     return out
 
 

@@ -306,3 +306,19 @@ def test_drop_share_reads_the_laws_difference_and_is_undefined_without_a_decreas
     assert got["share"] == pytest.approx(0.25, rel=1e-12)
     flat = drop_share({"alpha": 0.4, "c": 0.3}, None, SimpleNamespace(c=0.02, alpha=0.0, L0=4.1), None, 0.25, 4.2)
     assert math.isnan(flat["share"]) and math.isnan(flat["share_lo"])
+
+
+def test_robust_p_value_is_not_inflated_by_a_ratios_few_huge_draws():
+    """Normal bootstrap samples give the same p either way; a few huge draws (a ratio whose
+    denominator came near 0) inflate the standard error but not the interquartile scale."""
+    from peakprobe.fits.common import p_at_most
+
+    rng = np.random.default_rng(0)
+    clean = rng.normal(1.0, 0.3, 4000)
+    plain, robust = (float(p_at_most(np.array([1.0]), clean[None, :], 0.1, robust=r)[0]) for r in (False, True))
+    assert robust == pytest.approx(plain, rel=0.15) and plain < 0.005
+    spiky = clean.copy()
+    spiky[:40] = 60.0  # 1% of the draws
+    plain = float(p_at_most(np.array([1.0]), spiky[None, :], 0.1)[0])
+    robust = float(p_at_most(np.array([1.0]), spiky[None, :], 0.1, robust=True)[0])
+    assert plain > 0.05 > 0.005 > robust
