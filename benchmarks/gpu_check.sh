@@ -112,7 +112,7 @@ else
   run benchmark 300 bench.txt "$PY" benchmarks/gpu.py --smoke --chunks '' --json "$OUT/bench.json" --no-progress
 fi
 
-# 5. the attribution's cost against the forward-only sweep (lockstep head searches, bf16)
+# 5. the attribution's cost against the forward-only sweep (every site's search in lockstep, bf16)
 if [ "$GPU" = 1 ]; then
   run cost 70 cost.txt "$PY" benchmarks/sweep_cost.py --size 160m --device cuda --backend auto \
     --dtype bfloat16 --rounds 1 --windows 32

@@ -124,6 +124,12 @@ def attention_with_beta(
     out = beta_attention(
         query, key, value, beta, scaling=float(scaling), mask=spec, softcap=softcap, sink=sink
     )
+    if beta.dim() == 2:
+        # rows at beta = 1 take the model's own call, as an evaluation of them alone would (the
+        # eager path may round differently: e.g. a float32 softmax in a float64 model)
+        own = delegate(module, query, key, value, attention_mask, **kwargs)[0]  # (B, Tq, H, Dv)
+        at_one = (beta.to(query.device) == 1).all(-1).view(-1, 1, 1, 1)  # (B, 1, 1, 1)
+        out = torch.where(at_one, own.to(out.dtype), out)
     return out, None
 
 

@@ -2,9 +2,10 @@
 ``curvature``, optimal-temperature ``gain`` and ``log_beta_opt``, over a few evaluation windows.
 
 Owns the attribution pass: the slopes' backward, the LM head's closed forms on its cached
-logits, the searches of each layer, of all attention and of single heads (screened, searched,
-estimated or off: ``AttributionConfig.heads``), and the block cache the evaluations reuse
-(``tempered``). What each number means and how it is computed, its cost and its sampling noise:
+logits, and the loss evaluations the searches make (``_Runner``: on the block cache of
+``tempered``, one setting at a time or many replicas in one batched forward). The searches
+themselves, of the LM head, of single heads (screened, searched, estimated or off:
+``AttributionConfig.heads``), of each layer and of all attention: ``sites``. What each number means and how it is computed, its cost and its sampling noise:
 docs/attribution.md.
 """
 
@@ -14,15 +15,12 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from .. import vocab
-from .lockstep import run_lockstep
-from .search import FirstPart, SearchResult, minimize_log_beta, quadratic_estimate, screened_search
+from .search import FirstPart
+from .sites import attribution_rows as _attribution_rows
 from .tempered import Tempered, cached_below, decoder_layers, outer_blocks, recording, tempered
 
-LM_SCAN = tuple(x / 2 for x in range(-6, 7))  # log beta -3 .. 3: the LM head's loss is cheap
-GROUP_EVALS = 12  # loss evaluations at most per search
 HEAD_MODES = ("screen", "estimate", "search", "off")
 #: (input_ids (B, T), attention_mask (B, T) or None[, position_ids (B, T) or None]): position
 #: ids restarting at 0 mark packed documents (then the mask is None)
@@ -76,6 +74,18 @@ def _replicated(out, r: int):
     if type(out) in (tuple, list):
         return type(out)(_replicated(o, r) for o in out)
     return out
+
+
+def _cat(parts: Sequence):
+    """Batches' tensors (or tuples of them: block outputs) joined along the batch; None stays."""
+    first = parts[0]
+    if len(parts) == 1 or first is None:
+        return first
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)
+    if type(first) in (tuple, list):
+        return type(first)(_cat([p[j] for p in parts]) for j in range(len(first)))
+    return first
 
 
 def _lm_closed_form(logits: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> tuple[float, float]:
@@ -260,35 +270,55 @@ class _Runner:
             self.state.betas, self.state.cached = {}, {}
         return total
 
+    def replicas_per_forward(self, part: int, max_logits: int) -> tuple[int, bool]:
+        """(replicas one batched forward may hold, whether they hold the part's windows whole):
+        its logits within ``max_logits`` elements; one replica of one batch at least."""
+        whole = sum(self.logits[b].numel() for b in self.parts[part])
+        if whole <= max_logits:
+            return max_logits // whole, True
+        return max(1, max_logits // max(self.logits[b].numel() for b in self.parts[part])), False
+
     @torch.no_grad()
-    def replica_part_sums(self, layer: int, betas: torch.Tensor, part: int) -> list[float]:
-        """Part ``part``'s loss sums for R settings of layer ``layer``'s betas at once: betas
-        (R, H), the part's windows replicated R times along the batch (replica r takes rows r *
-        b .. (r + 1) * b - 1), layers below ``layer`` answered from the cache. One host copy."""
-        r = betas.shape[0]
-        totals = torch.zeros(r, dtype=torch.float64, device=betas.device)
+    def replica_part_sums(self, settings: Sequence[dict[int, torch.Tensor]], part: int,
+                          whole: bool = False) -> list[float]:
+        """Part ``part``'s loss sums for R settings of the betas at once (each layer -> (H,)):
+        the windows replicated R times along the batch (replica r takes rows r * b .. (r + 1) * b
+        - 1; ``whole``: the part's batches as one, else batch by batch), a beta per row and layer
+        (1 where a setting leaves a layer alone), the layers below the lowest one set answered
+        from the cache. One host copy."""
+        r = len(settings)
+        start = min(min(s) for s in settings)
+        ref = {i: v for s in settings for i, v in s.items()}
+        rows = {i: torch.stack([s.get(i, torch.ones_like(v)) for s in settings]) for i, v in ref.items()}  # (R, H)
+        totals = torch.zeros(r, dtype=torch.float64, device=self.logits[0].device)
+        units = [self.parts[part]] if whole else [[b] for b in self.parts[part]]
         try:
-            for b in self.parts[part]:
-                ids, mask, pos = self.batches[b]
+            for unit in units:
+                ids, mask, pos = (_cat([self.batches[b][j] for b in unit]) for j in range(3))
+                tgt = torch.cat([self.targets[b] for b in unit])  # (b, T - 1)
                 n = ids.shape[0]
                 rep = [None if t is None else t.repeat(r, *([1] * (t.dim() - 1))) for t in (ids, mask, pos)]
-                self.state.betas = {layer: betas.repeat_interleave(n, 0)}  # (R * b, H)
-                if self.layers is not None and layer > 0:
-                    below = _replicated(self.outputs[b][layer - 1], r)  # the input of ``layer``
-                    with cached_below(self.layers, [below] * layer, layer):
+                self.state.betas = {i: v.repeat_interleave(n, 0) for i, v in rows.items()}  # (R * b, H)
+                if self.layers is not None and start > 0:
+                    below = _replicated(_cat([self.outputs[b][start - 1] for b in unit]), r)  # input of ``start``
+                    with cached_below(self.layers, [below] * start, start):
                         logits = self._forward(*rep)
                 else:
                     logits = self._forward(*rep)
-                totals += _ce_rows(logits, self.targets[b].repeat(r, 1)).view(r, n).sum(1)
+                totals += _ce_rows(logits, tgt.repeat(r, 1)).view(r, n).sum(1)
         finally:
             self.state.betas = {}
         return totals.tolist()
 
+    def lm_slopes(self) -> tuple[float, float]:
+        """The LM head's d L / d log beta and d^2 L / d (log beta)^2 at beta = 1 (closed forms)."""
+        return _lm_closed_form(self.logits, self.targets)
+
     @torch.no_grad()
-    def lm_loss(self, x: float) -> float:
+    def lm_part_sum(self, x: float, part: int) -> float:
+        """Part ``part``'s loss sum with the LM head's logits times exp(x) (the cached logits)."""
         scale = float(torch.exp(torch.tensor(x, dtype=torch.float64)))
-        return sum(sum(_ce_sum(self.logits[b], self.targets[b], scale).item() for b in part)
-                   for part in self.parts) / self.n_tokens
+        return sum(_ce_sum(self.logits[b], self.targets[b], scale).item() for b in self.parts[part])
 
     def first_part(self, part_sum: Callable[[float, int], float],
                    slope0: float) -> tuple[Callable[[float], float], FirstPart | None]:
@@ -313,21 +343,6 @@ class _Runner:
         return full, FirstPart(part, self.part_loss0[0] / n0, slope0 / n0, full)
 
 
-def _beta_vector(n: int, x: float, head: int | None, like: torch.Tensor) -> torch.Tensor:
-    beta = torch.ones(n, dtype=like.dtype, device=like.device)  # (H,)
-    value = torch.exp(torch.tensor(x, dtype=torch.float64)).item()
-    if head is None:
-        return beta * value
-    beta[head] = value
-    return beta
-
-
-def _rows(kind: str, layer: int, head: int, r: SearchResult, n: int) -> list[tuple]:
-    values = {vocab.SENSITIVITY: r.slope, vocab.CURVATURE: r.curvature, vocab.GAIN: r.gain,
-              vocab.LOG_BETA_OPT: r.x}
-    return [(kind, layer, head, m, float(values[m]), n) for m in vocab.ATTRIBUTION_METRICS]
-
-
 def attribute(
     model: torch.nn.Module,
     batches: Sequence[Batch],
@@ -339,8 +354,8 @@ def attribute(
 ) -> pd.DataFrame:
     """Attribution metrics of every site over ``batches`` (tidy: site_kind, layer, head, metric,
     value, n_rows; n_rows = next-token targets). ``heads``: "screen", "estimate", "search" or "off" (see
-    the module doc). ``lockstep``: a layer's head searches advance together, each round one
-    batched forward (``lockstep``); None: on a GPU, where small forwards leave it waiting on
+    the module doc). ``lockstep``: every site's search advances together, each round a few
+    batched forwards (``sites``); None: on a GPU, where small forwards leave it waiting on
     launches (on CPU a head's evaluation recomputes that head alone, which is cheaper). The
     model is unchanged afterwards."""
     if heads not in HEAD_MODES:
@@ -358,78 +373,3 @@ def attribute(
                                      lockstep=lockstep)
     finally:
         model.train(was_training)
-
-
-def _head_results(run: _Runner, layer: int, g: torch.Tensor, heads: str, f0: float, ftol: float,
-                  like: torch.Tensor, lockstep: bool) -> list[SearchResult]:
-    """Every head's search of layer ``layer`` (``heads``: "search", "screen" or "estimate"),
-    one after the other, or in lockstep (``lockstep``): each round of their evaluations one
-    batched forward with a beta per (replica, head)."""
-    n_h = len(g)
-    k_parts = len(run.parts)
-
-    def search(head: int, part_sum: Callable[[float, int], float]) -> SearchResult:
-        def f(x: float) -> float:
-            return sum(part_sum(x, k) for k in range(k_parts)) / run.n_tokens
-        slope = float(g[head])
-        if heads == "search":
-            return minimize_log_beta(f, f0, slope, ftol=ftol, max_evals=GROUP_EVALS)
-        if heads == "screen":
-            g_first = run.part_grads[0].get(layer) if run.part_grads else None
-            full, first = run.first_part(part_sum, 0.0 if g_first is None else float(g_first[head]))
-            return screened_search(full, f0, slope, floor=vocab.HEAD_GAIN_FLOOR * abs(f0), ftol=ftol,
-                                   max_evals=GROUP_EVALS, first=first)
-        return quadratic_estimate(f, f0, slope)
-
-    if not lockstep:
-        return [search(head, lambda x, k, head=head: run.part_sum(
-            {layer: _beta_vector(n_h, x, head, like)}, layer, k)) for head in range(n_h)]
-
-    def evaluate(part: int, requests) -> list[float]:
-        rows = torch.stack([_beta_vector(n_h, x, head, like) for head, x in requests])  # (R, H)
-        return run.replica_part_sums(layer, rows, part)
-
-    return run_lockstep(range(n_h), search, evaluate)
-
-
-def _attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: str, progress: bool,
-                      desc: str, lockstep: bool = False) -> pd.DataFrame:
-    n, f0 = run.n_tokens, run.loss0
-    layers = sorted(grads)
-    like = run.logits[0]
-    n_sites = 2 + len(layers) + (sum(len(grads[i]) for i in layers) if heads != "off" else 0)
-    bar = tqdm(total=n_sites, desc=desc, leave=False, disable=not progress, unit="site")
-    rows: list[tuple] = []
-
-    # the loss's rounding noise: a search stops when a parabola promises less
-    ftol = 4 * torch.finfo(like.dtype).eps * abs(f0)
-    g_lm, h_lm = _lm_closed_form(run.logits, run.targets)
-    r = minimize_log_beta(run.lm_loss, f0, g_lm, ftol=ftol, scan=LM_SCAN)
-    rows += _rows(vocab.LM_HEAD, -1, -1, SearchResult(r.x, r.f, f0, g_lm, h_lm, r.n_evals, r.at_bound, False), n)
-    bar.update(1)
-
-    for layer in layers:
-        g = grads[layer]
-        n_h = len(g)
-        if heads != "off":
-            for head, r in enumerate(_head_results(run, layer, g, heads, f0, ftol, like, lockstep)):
-                rows += _rows(vocab.ATTN, layer, head, r, n)
-            bar.update(n_h)
-        if heads == "off":
-            rows += [(vocab.ATTN, layer, h, vocab.SENSITIVITY, float(v), n) for h, v in enumerate(g.tolist())]
-
-        def f(x, layer=layer, n_h=n_h):
-            return run.loss({layer: _beta_vector(n_h, x, None, like)}, layer)
-        r = minimize_log_beta(f, f0, float(g.sum()), ftol=ftol, max_evals=GROUP_EVALS)
-        rows += _rows(vocab.ATTN_LAYER, layer, -1, r, n)
-        bar.update(1)
-
-    def f_all(x):
-        return run.loss({i: _beta_vector(len(grads[i]), x, None, like) for i in layers}, 0)
-    g_all = float(sum(grads[i].sum() for i in layers))
-    r = minimize_log_beta(f_all, f0, g_all, ftol=ftol, max_evals=GROUP_EVALS)
-    rows += _rows(vocab.ATTN_ALL, -1, -1, r, n)
-    bar.update(1)
-    bar.close()
-    frame = pd.DataFrame(rows, columns=["site_kind", "layer", "head", "metric", "value", "n_rows"])
-    return frame.sort_values(["site_kind", "layer", "head", "metric"], kind="stable").reset_index(drop=True)

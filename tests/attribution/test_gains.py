@@ -637,18 +637,19 @@ def test_heads_the_first_half_does_not_stop_get_the_figures_of_the_whole_screen(
     other site's figures equal those of the screen run on all windows at once (bit for bit),
     and every stopped head's gain (that part's figure, not the whole's) is under the floor."""
     from peakprobe.attribution import gains as attr
+    from peakprobe.attribution import sites
 
     model = tiny_model("gpt_neox")
     ids, mask = left_padded_batch(batch=4, pads=(0, 2, 0, 3))
     batches = [(ids, mask)]
     stops = []
-    screened = attr.screened_search
+    screened = sites.screened_search
 
     def spy(*a, **k):
         r = screened(*a, **k)
         stops.append(k.get("first") is not None and r.estimated and r.n_evals == 1)
         return r
-    monkeypatch.setattr(attr, "screened_search", spy)
+    monkeypatch.setattr(sites, "screened_search", spy)
     split = attribute(model, batches)
     stopped = [i for i, s in enumerate(stops) if s]
     assert 0 < len(stopped) < len(stops)
@@ -689,14 +690,14 @@ def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
     ids, mask = left_padded_batch(pads=(0, 0, 0) if name == "gpt_oss" else (0, 4, 7))
     batches = [(ids[:2], mask[:2]), (ids[2:], mask[2:])]
     counts = []
-    loss = attr._Runner.loss
+    part_sum = attr._Runner.part_sum
 
-    def counting(self, betas, start=0):
-        out = loss(self, betas, start)
+    def counting(self, betas, start, part):
+        out = part_sum(self, betas, start, part)
         counts.append((self.state.spliced, dict(enumerate(self._checked))))
         return out
 
-    monkeypatch.setattr(attr._Runner, "loss", counting)
+    monkeypatch.setattr(attr._Runner, "part_sum", counting)
     spliced = attribute(model, batches, heads="search")
     n_spliced, checked = counts[-1]
     assert n_spliced > 0 and all(all(c.values()) for c in checked.values()), checked
@@ -713,7 +714,7 @@ def test_one_head_calls_give_the_attribution_of_whole_layers(arch, monkeypatch):
     whole = attribute(model, batches, heads="search")
     pd.testing.assert_frame_equal(spliced, whole, check_exact=True)
     monkeypatch.undo()
-    monkeypatch.setattr(attr._Runner, "loss", counting)
+    monkeypatch.setattr(attr._Runner, "part_sum", counting)
 
     one_head = beta_module.one_head
 
@@ -782,3 +783,37 @@ def test_lockstep_runs_each_round_as_one_forward_and_raises_errors():
 
     with pytest.raises(RuntimeError, match="fell over"):
         run_lockstep([0, 1], job, broken)
+
+
+def test_lockstep_runs_every_sites_round_in_one_forward(monkeypatch):
+    """In lockstep every site's search (heads, layers' groups, all attention, the LM head)
+    advances together: a round whose attention evaluations fit one forward's logits takes one
+    forward for all of them, whichever layers they change, and the LM head's take none. The
+    one-by-one path takes a forward per evaluation and batch."""
+    from peakprobe.attribution import sites
+
+    model = tiny_model("gpt_neox")
+    ids, mask = left_padded_batch(pads=(0, 2, 3))
+    batches = [(ids[:1], mask[:1]), (ids[1:2], mask[1:2]), (ids[2:], mask[2:])]
+    calls = [0]
+    model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    rounds: list[set] = []
+    evaluate = sites._Sites.evaluate
+
+    def spy(self, part, requests):
+        before = calls[0]
+        out = evaluate(self, part, requests)
+        rounds.append((calls[0] - before, {type(k[0]) for k, _ in requests if k != sites.LM},
+                       {k[1] for k, _ in requests if k[0] in (vocab.ATTN, vocab.ATTN_LAYER)}))
+        return out
+
+    monkeypatch.setattr(sites._Sites, "evaluate", spy)
+    attribute(model, batches, heads="search", lockstep=True)
+    with_attention = [r for r in rounds if r[1]]
+    assert with_attention and all(n == 1 for n, _, _ in with_attention)
+    assert all(n == 0 for n, kinds, _ in rounds if not kinds)  # the LM head alone: cached logits
+    assert any(len(layers) > 1 for _, _, layers in with_attention)  # layers share a forward
+    together = calls[0]
+    calls[0] = 0
+    attribute(model, batches, heads="search", lockstep=False)
+    assert together < calls[0] / 3, (together, calls[0])
