@@ -127,7 +127,13 @@ LOGIT_RMS = "logit_rms"
 Q_RMS = "q_rms"
 K_RMS = "k_rms"
 QK_ALIGN = "qk_align"
-GEOMETRY_METRICS: tuple[str, ...] = (Q_NORM, K_NORM, QK_COS, LOGIT_RMS, Q_RMS, K_RMS, QK_ALIGN)
+#: a weight figure per head and checkpoint: scaling * ||W_Q,h^T W_K,h||_2, the largest singular
+#: value of the head's bilinear form x_i^T W_Q^T W_K x_j (projection weights as stored, no
+#: biases, norms or rotary; grouped-query heads use their group's key weight), times the same
+#: scaling as LOGIT_RMS: what sigma-reparam bounds (docs/probes.md for the caveats)
+QK_SPECTRAL = "qk_spectral_norm"
+#: the query-key geometry: the pair statistics above and the weight figure
+GEOMETRY_METRICS: tuple[str, ...] = (Q_NORM, K_NORM, QK_COS, LOGIT_RMS, Q_RMS, K_RMS, QK_ALIGN, QK_SPECTRAL)
 #: the factors of LOGIT_RMS whose growth exponents add up to its own
 LOGIT_FACTORS: tuple[str, ...] = (Q_RMS, K_RMS, QK_ALIGN)
 #: LM head: mean norm of the final hidden state the LM head reads, mean norm of the unembedding
@@ -207,6 +213,7 @@ GROWTH_METRICS: tuple[str, ...] = (
     QK_ALIGN,
     Q_NORM,
     K_NORM,
+    QK_SPECTRAL,
     HIDDEN_NORM,
     UNEMBED_NORM,
     LOG_Z,

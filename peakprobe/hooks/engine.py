@@ -35,13 +35,14 @@ from ..probes import (
     attention_forward_with_sums,
     attention_head_sums,
 )
-from ..probes.geometry import geometry_sums, geometry_values
+from ..probes.geometry import geometry_sums, geometry_values, qk_spectral_norms
 from ..probes.ranges import key_ranges, ranges_mask, ranges_supported
 from ..probes.roles import role_sums
 from ..probes.router import router_row_stats
 from ..probes.rows import RowStats, block_sums, finish, target_logit
 from ..probes.sums import Sums
 from ..probes.workspace import Workspace
+from .qk_weights import qk_weights
 from .routing import UnsupportedModelError
 
 STATS_DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -122,6 +123,29 @@ def geometry_rows(parts: dict[int, tuple[torch.Tensor, float]]) -> list[tuple]:
     return rows
 
 
+def qk_spectral_part(module: torch.nn.Module, heads: int, head_dim: int, scaling: float) -> torch.Tensor:
+    """(H, 2) float64 on the CPU, per head (scaling * ||W_Q,h^T W_K,h||_2, 1), or (0, 0) for
+    every head where the module's layout is not read (``qk_weights``): a per-head sum and count,
+    so the distributed merge adds it like the other per-head tables."""
+    out = torch.zeros(heads, 2, dtype=torch.float64)
+    w = qk_weights(module, heads, head_dim)
+    if w is not None:
+        out[:, 0] = scaling * qk_spectral_norms(*w).cpu()
+        out[:, 1] = 1.0
+    return out
+
+
+def spectral_rows(parts: dict[int, torch.Tensor]) -> list[tuple]:
+    """(site_kind, layer, head, metric, value, n_rows) of every head whose ``vocab.QK_SPECTRAL``
+    was read, from the per-layer (H, 2) sums and counts (``qk_spectral_part``)."""
+    rows = []
+    for layer, part in sorted(parts.items()):
+        for head, (total, n) in enumerate(part.cpu().tolist()):
+            if n > 0:
+                rows.append((vocab.ATTN, layer, head, vocab.QK_SPECTRAL, total / n, int(n)))
+    return rows
+
+
 def role_rows(parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> list[tuple]:
     """(site_kind, layer, head, metric, value, n_rows) of every role score, from the per-layer
     (H, R) role sums and counts."""
@@ -159,6 +183,8 @@ class SiteStats:
         self.role_targets: torch.Tensor | None = None
         self.role_parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (H, R) x 2
         self.geometry_parts: dict[int, tuple[torch.Tensor, float]] = {}  # layer -> (H, S), scaling
+        #: layer -> (H, 2) ``qk_spectral_part``: a weight figure, read at the layer's first call
+        self.spectral_parts: dict[int, torch.Tensor] = {}
 
     # -- attention ---------------------------------------------------------------------------
     def _kernel(self, query, key, spec: MaskSpec, kw: dict) -> bool:
@@ -173,13 +199,16 @@ class SiteStats:
                   *, spec: MaskSpec, scaling: float, softcap: float | None = None,
                   sinks: torch.Tensor | None = None, position_bias: torch.Tensor | None = None,
                   row_valid: torch.Tensor | None = None, doc_start: torch.Tensor | None = None,
-                  want_output: bool = False) -> torch.Tensor | None:
+                  want_output: bool = False, module: torch.nn.Module | None = None) -> torch.Tensor | None:
         """Add the statistics of one attention call to layer ``layer``'s sites: query
         (B, H, Tq, D), key (B, Hkv, Tk, D); ``doc_start`` (B|1, Tq) the first key of each row's
         document (packed documents without a mask tensor). With ``want_output`` (and
         ``config.fused``) returns the attention output (B, Tq, H, Dv) computed from the probe's
-        own scores, else None."""
+        own scores, else None. ``module``: the attention module making the call, whose
+        projection weights give the layer's ``vocab.QK_SPECTRAL`` once per probe."""
         query, key = query.detach(), key.detach()
+        if module is not None and layer not in self.spectral_parts:
+            self.spectral_parts[layer] = qk_spectral_part(module, query.shape[1], query.shape[-1], scaling)
         if self.role_targets is not None:  # the diagnostic batch: role scores only
             self._roles(layer, query, key, spec, scaling, softcap, sinks, position_bias)
             return None
@@ -240,8 +269,9 @@ class SiteStats:
         self.accumulator, self.geometry_parts = accumulator, dict(parts)
 
     def geometry_rows(self) -> list[tuple]:
-        """(site_kind, layer, head, metric, value, n_rows) of every head's geometry."""
-        return geometry_rows(self.geometry_parts)
+        """(site_kind, layer, head, metric, value, n_rows) of every head's geometry, the weight
+        figure ``vocab.QK_SPECTRAL`` included."""
+        return geometry_rows(self.geometry_parts) + spectral_rows(self.spectral_parts)
 
     def role_rows(self) -> list[tuple]:
         """(site_kind, layer, head, metric, value, n_rows) of every role score measured."""

@@ -112,7 +112,7 @@ class Probe:
     def _attention(self, module, query, key, value, attention_mask, **kwargs):
         self.n_attention_calls += 1
         kw = softmax_kwargs(module, query, key, attention_mask, kwargs)
-        out = self.stats.attention(self._layer_index(module), query, key, value,
+        out = self.stats.attention(self._layer_index(module), query, key, value, module=module,
                                    row_valid=self._row_valid(query), want_output=True, **kw)
         if out is not None:
             return out, None

@@ -18,7 +18,10 @@ the probe forward on every rank:
   tensor-parallel rank computes whole (a replicated LM head) count on rank 0 of the mesh. The
   per-head tables kept outside the accumulators ride on the same SUM all-reduce: the query-key
   geometry sums (every rank's batches), the head-role sums of the diagnostic batch (run on every
-  rank, counted by data-parallel rank 0) and the unembedding's row-norm sums.
+  rank, counted by data-parallel rank 0), each head's ``qk_spectral_norm`` (a weight figure read
+  inside the forward, where FSDP2 has gathered the layer's weights and a tensor-parallel rank
+  holds its own heads' rows; counted by data-parallel rank 0, so no extra collective) and the
+  unembedding's row-norm sums.
 * **Vocab-parallel LM head.** Logits that arrive as a DTensor sharded on the vocabulary are
   reduced per shard to mergeable per-row sums and all-gathered once per batch; the parts merge
   exactly (max and log-sum-exp combined, ``probes.merge.merge_row_parts``), the target logit
@@ -54,7 +57,7 @@ from ..checkpoint import check_model, uses_attention_interface
 from ..config import SweepConfig
 from ..data import EvalData
 from ..hooks import UnsupportedModelError, attach
-from ..hooks.engine import geometry_rows, lm_head_factors, role_rows, unembed_sums
+from ..hooks.engine import geometry_rows, lm_head_factors, role_rows, spectral_rows, unembed_sums
 from ..hooks.sdpa import attach_sdpa
 from ..probes import Accumulator, SiteGroup
 from ..probes.accumulate import SiteSums
@@ -222,6 +225,8 @@ class _Guard:
     def _placeholders(self, layer: int, heads: int, kw: dict) -> None:
         """Zeros where a failed call left a layer's slots empty (the merged layout stays whole)."""
         st, f64 = self.stats, torch.float64
+        if layer not in st.spectral_parts:
+            st.spectral_parts[layer] = torch.zeros(heads, 2, dtype=f64)
         if st.role_targets is not None:
             if layer not in st.role_parts:
                 r = len(vocab.ROLE_METRICS)
@@ -321,18 +326,21 @@ class RankProbe:
 class _Local:
     """One rank's share before the merge: its accumulator, the per-layer query-key geometry
     sums (layer -> ((H_local, S), scaling)) and role sums and counts (layer -> (H_local, R) x 2),
-    and the unembedding's (sum of row norms, rows) this rank counts (``hooks.engine.unembed_sums``)."""
+    the unembedding's (sum of row norms, rows) this rank counts (``hooks.engine.unembed_sums``)
+    and the heads' ``qk_spectral_norm`` (layer -> (H_local, 2), ``hooks.engine.qk_spectral_part``)."""
 
     acc: Accumulator
     geometry: dict = field(default_factory=dict)
     roles: dict = field(default_factory=dict)
     unembed: tuple[float, int] = (0.0, 0)
+    spectral: dict = field(default_factory=dict)
 
     def zeros(self) -> _Local:
         """The same layout holding nothing (a failed rank's contribution)."""
         return _Local(zeros_like(self.acc),
                       {k: (torch.zeros_like(g), c) for k, (g, c) in self.geometry.items()},
-                      {k: (torch.zeros_like(a), torch.zeros_like(b)) for k, (a, b) in self.roles.items()})
+                      {k: (torch.zeros_like(a), torch.zeros_like(b)) for k, (a, b) in self.roles.items()},
+                      spectral={k: torch.zeros_like(t) for k, t in self.spectral.items()})
 
 
 def _unembed_share(model, layout: Layout) -> tuple[float, int]:
@@ -376,9 +384,10 @@ def _local_probe(model, data: EvalData, config: SweepConfig, layout: Layout, for
             if hf:  # head roles: every rank runs the diagnostic batch, one data-parallel copy counts
                 probe.run_roles()
             local = _Local(stats.accumulator, dict(stats.geometry_parts), dict(stats.role_parts),
-                           _unembed_share(model, layout) if hf else (0.0, 0))
+                           _unembed_share(model, layout) if hf else (0.0, 0), dict(stats.spectral_parts))
             if layout.dp_rank != 0:  # a replica of what data-parallel rank 0 counts
                 local.roles = {k: (torch.zeros_like(a), torch.zeros_like(b)) for k, (a, b) in local.roles.items()}
+                local.spectral = {k: torch.zeros_like(t) for k, t in local.spectral.items()}
         return local, guard, guard.error
     except Exception as exc:  # noqa: BLE001 - reported through the merge
         if guard is not None and guard.error is None:
@@ -386,35 +395,39 @@ def _local_probe(model, data: EvalData, config: SweepConfig, layout: Layout, for
         if guard is None:
             return _Local(Accumulator()), guard, exc
         st = guard.stats
-        return _Local(st.accumulator, dict(st.geometry_parts), dict(st.role_parts)), guard, exc
+        return _Local(st.accumulator, dict(st.geometry_parts), dict(st.role_parts),
+                      spectral=dict(st.spectral_parts)), guard, exc
 
 
 @dataclass
 class _Merged:
     """What one merge gave every rank: the accumulator, the failure flags (one per rank), the
-    per-layer geometry and role tables, the unembedding's (sum of row norms, rows)."""
+    per-layer geometry, role and qk_spectral_norm tables, the unembedding's (sum of row norms, rows)."""
 
     acc: Accumulator
     failed: torch.Tensor
     geometry: dict
     roles: dict
     unembed: torch.Tensor
+    spectral: dict
 
 
 def _merge(local: _Local, failed: bool, layout: Layout, place, reduce) -> _Merged:
     """One SUM and one MAX all-reduce: the accumulator, and riding on its SUM the failure flags,
-    the geometry and role tables and the unembedding's sums."""
+    the geometry, role and qk_spectral_norm tables and the unembedding's sums."""
     flags = torch.zeros(layout.world, dtype=torch.float64)
     flags[layout.rank] = float(failed)
     geo_slots, geo = pack_layers({k: g for k, (g, _) in local.geometry.items()}, place)
     role_slots, role = pack_layers({k: torch.cat([a, b], -1) for k, (a, b) in local.roles.items()}, place)
-    extra = torch.cat([flags, geo.cpu(), role.cpu(), torch.tensor(local.unembed, dtype=torch.float64)])
+    spec_slots, spec = pack_layers(local.spectral, place)
+    extra = torch.cat([flags, geo.cpu(), role.cpu(), spec.cpu(), torch.tensor(local.unembed, dtype=torch.float64)])
     acc, rest = reduce_accumulator(local.acc, reduce, place=place, extra=extra)
     rest = rest.cpu()
     flags, rest = rest[: layout.world], rest[layout.world :]
     geometry, rest = unpack_layers(geo_slots, rest)
     roles, rest = unpack_layers(role_slots, rest)
-    return _Merged(acc, flags, geometry, roles, rest)
+    spectral, rest = unpack_layers(spec_slots, rest)
+    return _Merged(acc, flags, geometry, roles, rest, spectral)
 
 
 def _merged_frame(m: _Merged, scaling: dict) -> pd.DataFrame:
@@ -423,7 +436,7 @@ def _merged_frame(m: _Merged, scaling: dict) -> pd.DataFrame:
     frame = m.acc.to_frame().reset_index(drop=True)
     n_roles = len(vocab.ROLE_METRICS)
     rows = (role_rows({k: (t[:, :n_roles], t[:, n_roles:]) for k, t in m.roles.items()})
-            + geometry_rows({k: (g, scaling[k]) for k, g in m.geometry.items()}))
+            + geometry_rows({k: (g, scaling[k]) for k, g in m.geometry.items()}) + spectral_rows(m.spectral))
     total, n = m.unembed.tolist()
     if n > 0:
         rows.append((vocab.LM_HEAD, -1, -1, vocab.UNEMBED_NORM, total / n, int(n)))

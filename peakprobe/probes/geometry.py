@@ -11,6 +11,9 @@ With u = q . k over visible pairs and N the number of pairs,
 
 exactly, so the growth exponents of the three factors add up to that of the RMS logit. The
 logit here is scaling * q . k (softcapping and additive biases are not part of it).
+
+``qk_spectral_norms`` is the weight figure ``vocab.QK_SPECTRAL``: per head the largest singular
+value of W_Q,h^T W_K,h, from the projection weights alone (no data).
 """
 
 from __future__ import annotations
@@ -60,8 +63,8 @@ def geometry_sums(query: torch.Tensor, key: torch.Tensor, *, spec: MaskSpec,
 
 
 def geometry_values(sums: torch.Tensor, scaling: float) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``vocab.GEOMETRY_METRICS`` of merged (H, len(GEOMETRY_SUMS)) sums: name -> (values (H,),
-    rows each was taken over (H,))."""
+    """The pair metrics of ``vocab.GEOMETRY_METRICS`` (all but the weight figure ``QK_SPECTRAL``)
+    of merged (H, len(GEOMETRY_SUMS)) sums: name -> (values (H,), rows each was taken over (H,))."""
     c = dict(zip(GEOMETRY_SUMS, sums.unbind(-1), strict=True))
     pairs = c["pairs"].clamp_min(1)
     q_rms, k_rms = (c["q2"] / pairs).sqrt(), (c["k2"] / pairs).sqrt()
@@ -78,3 +81,20 @@ def geometry_values(sums: torch.Tensor, scaling: float) -> dict[str, tuple[torch
         vocab.QK_ALIGN: (u_rms / (q_rms * k_rms).clamp_min(torch.finfo(torch.float64).tiny), c["pairs"]),
     }
     return {name: (torch.where(ok, v, nan), n) for name, (v, n) in vals.items()}
+
+
+def qk_spectral_norms(wq: torch.Tensor, wk: torch.Tensor) -> torch.Tensor:
+    """(H,) float64 ||W_Q,h^T W_K,h||_2 per query head, on the weights' device (CPU for MPS,
+    which has no float64): ``wq`` (H, d, D), ``wk`` (Hkv, d, D), head h reads key group
+    h // (H / Hkv).
+
+    The (D, D) product has rank <= d, so it is never formed: with the reduced QR factorisations
+    W_Q,h^T = Q1 R1 and W_K,h^T = Q2 R2 (Q1, Q2 with orthonormal columns), W_Q,h^T W_K,h =
+    Q1 (R1 R2^T) Q2^T and its spectral norm is that of the small R1 R2^T."""
+    h, hkv = wq.shape[0], wk.shape[0]
+    dev = torch.device("cpu") if wq.device.type == "mps" else wq.device
+    a = wq.detach().to(dev, torch.float64).transpose(-1, -2)  # (H, D, d)
+    b = wk.detach().to(dev, torch.float64).transpose(-1, -2)  # (Hkv, D, d)
+    r1 = torch.linalg.qr(a, mode="r").R  # (H, min(D, d), d)
+    r2 = torch.linalg.qr(b, mode="r").R.repeat_interleave(h // hkv, 0)  # (H, min(D, d), d)
+    return torch.linalg.matrix_norm(r1 @ r2.transpose(-1, -2), ord=2)  # (H,)

@@ -7,7 +7,8 @@ is linear in the data: the factors' exponents add up to logit_rms's exactly (to 
 robust (Huber) growth fits of fits.parquet need not add up exactly, since each series gets its
 own weights. Per peaked attention head (every head when none is peaked) this module lists the
 four exponents, their sum, and the factor that carries the growth: the one with the largest
-exponent.
+exponent; beside them, over the same window, the exponent of the head's weight figure
+qk_spectral_norm (the norm of W_Q^T W_K: growth in the weights themselves), not a factor.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from peakprobe.reports.tables import RunData, series
 
 FACTOR_NAMES = {vocab.Q_RMS: "query norm", vocab.K_RMS: "key norm", vocab.QK_ALIGN: "alignment"}
 FACTOR_COLUMNS = ("label", "layer", "head", "peaked", "alpha_logit_rms",
-                  *(f"alpha_{m}" for m in vocab.LOGIT_FACTORS), "alpha_sum", "carrier")
+                  *(f"alpha_{m}" for m in vocab.LOGIT_FACTORS), "alpha_sum", "carrier",
+                  f"alpha_{vocab.QK_SPECTRAL}")
 
 
 def _ls_exponents(run: RunData, layer: int, head: int, t_min: float, t_max: float) -> dict:
-    """Least-squares log-log slopes of logit_rms and its factors over [t_min, t_max]."""
+    """Least-squares log-log slopes of logit_rms, its factors and the weight figure over
+    [t_min, t_max] (NaN for a series with fewer than two points there)."""
     out = {}
-    for m in (vocab.LOGIT_RMS,) + vocab.LOGIT_FACTORS:
+    for m in (vocab.LOGIT_RMS,) + vocab.LOGIT_FACTORS + (vocab.QK_SPECTRAL,):
         t, v = series(run, vocab.ATTN, layer, head, m)
         keep = (t >= t_min) & (t <= t_max) & (v > 0)
         out[m] = (float(np.polyfit(np.log(t[keep]), np.log(v[keep]), 1)[0])
@@ -57,7 +60,8 @@ def factor_table(run: RunData, heads: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         carrier = FACTOR_NAMES[max(finite, key=finite.get)] if finite else ""
         rows.append((vocab.site_label(vocab.ATTN, layer, head), int(layer), int(head),
                      bool(peaked.get((layer, head), False)), float(r.get(vocab.LOGIT_RMS, np.nan)),
-                     *alphas.values(), float(sum(alphas.values())), carrier))
+                     *alphas.values(), float(sum(alphas.values())), carrier,
+                     float(r.get(vocab.QK_SPECTRAL, np.nan))))
     return pd.DataFrame(rows, columns=list(FACTOR_COLUMNS)), which
 
 

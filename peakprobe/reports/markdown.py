@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from peakprobe.formatting import num, pct
-from peakprobe.vocab import site_label
+from peakprobe.vocab import QK_SPECTRAL, site_label
 
 
 def _md(text: Any) -> str:
@@ -109,11 +109,14 @@ def factor_lines(f: dict) -> list[str]:
              "logit's (least squares on log-log axes over the RMS logit's fit window, so they add up "
              "exactly). For "
              + ("all heads (no head is peaked)" if f["heads_of"] == "all heads" else "the peaked heads")
-             + ", the factor that carries the growth is the one with the largest exponent.", ""]
+             + ", the factor that carries the growth is the one with the largest exponent. The last "
+             "column is the exponent of the head's ‖W_Qᵀ W_K‖₂ (qk_spectral_norm) over the same "
+             "window: growth in the weights themselves, not a factor.", ""]
     return lines + _table(
-        ["head", "logit_rms α", "q_rms α", "k_rms α", "qk_align α", "sum", "carried by"],
+        ["head", "logit_rms α", "q_rms α", "k_rms α", "qk_align α", "sum", "carried by", "‖W_Qᵀ W_K‖ α"],
         [[r["label"], num(r["alpha_logit_rms"]), num(r["alpha_q_rms"]), num(r["alpha_k_rms"]),
-          num(r["alpha_qk_align"]), num(r["alpha_sum"]), r["carrier"] or "—"] for r in f["rows"]])
+          num(r["alpha_qk_align"]), num(r["alpha_sum"]), r["carrier"] or "—",
+          num(r.get(f"alpha_{QK_SPECTRAL}", float("nan")))] for r in f["rows"]])
 
 
 def role_lines(roles: dict) -> list[str]:

@@ -41,7 +41,7 @@ def _tiny_gpt_class():
 
 
 #: read off a Hugging Face model's output embedding by ``attach`` alone
-ATTACH_ONLY = (vocab.HIDDEN_NORM, vocab.UNEMBED_NORM)
+ATTACH_ONLY = (vocab.HIDDEN_NORM, vocab.UNEMBED_NORM, vocab.QK_SPECTRAL)
 
 
 def _frame(frame) -> dict:

@@ -80,7 +80,8 @@ def test_rms_logit_decomposes_exactly_through_attach():
 def test_factor_exponents_add_up_on_a_planted_run(tmp_path):
     """The helpers sequence (write_sequence) scales every head's q, k (and v) weights by (1 + step)^(1/3): for
     every peaked head, the fitted exponents of q_rms, k_rms and qk_align add up to logit_rms's
-    within 0.05, and the report names a norm (not the alignment) as the carrier."""
+    within 0.05, the report names a norm (not the alignment) as the carrier, and the weight
+    figure qk_spectral_norm grows like the two norms together (within 0.1)."""
     import json
 
     from helpers import STEPS, _sequence_model
@@ -107,10 +108,13 @@ def test_factor_exponents_add_up_on_a_planted_run(tmp_path):
     for r in f["rows"]:
         assert abs(r["alpha_sum"] - r["alpha_logit_rms"]) < 0.05, r
         assert r["carrier"] in ("query norm", "key norm"), r
+        # the planted growth is in the q/k weights: their product's norm carries the norms' sum
+        assert abs(r[f"alpha_{vocab.QK_SPECTRAL}"] - r["alpha_q_rms"] - r["alpha_k_rms"]) < 0.1, r
     assert "## Why the logits grow" in (run / "report" / "summary.md").read_text()
+    assert "‖W_Qᵀ W_K‖ α" in (run / "report" / "summary.md").read_text()
     assert 'id="logit-factors-table"' in (run / "report" / "report.html").read_text()
     fits = pd.read_parquet(run / "fits.parquet")  # the robust fits of each factor too
-    assert set(vocab.LOGIT_FACTORS) <= set(fits[fits.fit == vocab.FIT_GROWTH].metric)
+    assert set(vocab.LOGIT_FACTORS) | {vocab.QK_SPECTRAL} <= set(fits[fits.fit == vocab.FIT_GROWTH].metric)
 
 
 def test_lm_head_factors_against_the_model():
