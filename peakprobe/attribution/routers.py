@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from .. import vocab
 from ..hooks.moe import Router, find_routers
-from .gains import _ce_sum, _full, _targets
+from .runner import _ce_sum, _full, _targets
 from .search import minimize_log_beta
 
 Batch = tuple

@@ -16,7 +16,6 @@ need no forward: they read the cached logits. docs/attribution.md, "Cost", count
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -24,10 +23,8 @@ from tqdm.auto import tqdm
 
 from .. import vocab
 from .lockstep import run_lockstep
+from .runner import _Runner
 from .search import SearchResult, minimize_log_beta, quadratic_estimate, screened_search
-
-if TYPE_CHECKING:
-    from .gains import _Runner
 
 LM_SCAN = tuple(x / 2 for x in range(-6, 7))  # log beta -3 .. 3: the LM head's loss is cheap
 GROUP_EVALS = 12  # loss evaluations at most per search

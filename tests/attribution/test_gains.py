@@ -616,7 +616,7 @@ def test_screen_on_the_first_half_stops_a_negligible_head_and_leaves_the_others_
 
 
 def test_the_windows_are_split_in_two_parts_in_order():
-    from peakprobe.attribution.gains import _halves
+    from peakprobe.attribution.runner import _halves
 
     ids = torch.arange(5 * 3).view(5, 3)
     mask = torch.ones_like(ids)
