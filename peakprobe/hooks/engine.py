@@ -124,15 +124,15 @@ def geometry_rows(parts: dict[int, tuple[torch.Tensor, float]]) -> list[tuple]:
 
 
 def qk_spectral_part(module: torch.nn.Module, heads: int, head_dim: int, scaling: float) -> torch.Tensor:
-    """(H, 2) float64 on the CPU, per head (scaling * ||W_Q,h^T W_K,h||_2, 1), or (0, 0) for
-    every head where the module's layout is not read (``qk_weights``): a per-head sum and count,
-    so the distributed merge adds it like the other per-head tables."""
-    out = torch.zeros(heads, 2, dtype=torch.float64)
+    """(H, 2) float64, per head (scaling * ||W_Q,h^T W_K,h||_2, 1), or (0, 0) for every head
+    where the module's layout is not read (``qk_weights``): a per-head sum and count, so the
+    distributed merge adds it like the other per-head tables. Left on the weights' device: no
+    host copy inside the forward."""
     w = qk_weights(module, heads, head_dim)
-    if w is not None:
-        out[:, 0] = scaling * qk_spectral_norms(*w).cpu()
-        out[:, 1] = 1.0
-    return out
+    if w is None:
+        return torch.zeros(heads, 2, dtype=torch.float64)
+    norms = scaling * qk_spectral_norms(*w)  # (H,)
+    return torch.stack([norms, torch.ones_like(norms)], -1)
 
 
 def spectral_rows(parts: dict[int, torch.Tensor]) -> list[tuple]:

@@ -128,7 +128,8 @@ def pack_layers(parts: dict[int, torch.Tensor], place: Callable[[SiteGroup, int]
                 ) -> tuple[list[LayerSlot], torch.Tensor]:
     """Per-layer per-head sums (layer -> (H_local, W), like the query-key geometry or the role
     scores) as (slots, one flat float64 tensor to ``SUM``), each layer's heads at ``place``'s
-    offset (zeros elsewhere; all zeros where ``place`` gives None), in layer order."""
+    offset (zeros elsewhere; all zeros where ``place`` gives None), in layer order; on the CPU
+    (a failed call's zero placeholders live there, the measured tables on the device)."""
     slots, flat = [], []
     for layer, local in sorted(parts.items()):
         h, w = local.shape
@@ -138,7 +139,7 @@ def pack_layers(parts: dict[int, torch.Tensor], place: Callable[[SiteGroup, int]
         if where is not None:
             full[where[0] : where[0] + h] = local.to(_F64)
         slots.append((layer, heads, w))
-        flat.append(full.reshape(-1))
+        flat.append(full.reshape(-1).cpu())
     return slots, (torch.cat(flat) if flat else torch.zeros(0, dtype=_F64))
 
 
