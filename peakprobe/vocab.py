@@ -192,6 +192,11 @@ GAIN = "gain"
 #: log of the minimising beta
 LOG_BETA_OPT = "log_beta_opt"
 ATTRIBUTION_METRICS: tuple[str, ...] = (SENSITIVITY, CURVATURE, GAIN, LOG_BETA_OPT)
+#: the LM head's mean next-token loss over the attribution windows at beta = 1: the tokens every
+#: gain is measured on, so a gain's share of the loss decrease reads its loss law (one row, LM head)
+ATTRIBUTION_LOSS = "attribution_loss"
+#: every metric the attribution writes
+ATTRIBUTION_ROW_METRICS: tuple[str, ...] = (*ATTRIBUTION_METRICS, ATTRIBUTION_LOSS)
 
 #: the metrics the growth laws are fitted to: logit magnitudes (the 1/3 law is about these)
 #: and, as descriptive effective exponents, max_prob and entropy

@@ -160,6 +160,7 @@ def attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: str
             rows += _rows(vocab.ATTN_LAYER, key[1], -1, r, n)
         else:
             rows += _rows(vocab.ATTN, key[1], key[2], r, n)
+    rows.append((vocab.LM_HEAD, -1, -1, vocab.ATTRIBUTION_LOSS, float(run.loss0), n))
     if heads == "off":
         rows += [(vocab.ATTN, layer, h, vocab.SENSITIVITY, float(v), n)
                  for layer in sites.layers for h, v in enumerate(grads[layer].tolist())]

@@ -13,7 +13,7 @@ to the LM head's `loss`.
 Gain fits: G = c t^-alpha for every site whose results carry vocab.GAIN; ``alpha`` is the decay
 exponent (positive when G falls). Each gain site's share of the loss decrease over the window
 (the verdict's) and of L - L0 at the window's end (beside it) are `classify`'s, as are the
-Benjamini-Hochberg families. "Still growing" is the one-sided p-value of "late logit_std alpha
+Benjamini-Hochberg families; they divide by the loss on the gains' own tokens (``_LossStage``). "Still growing" is the one-sided p-value of "late logit_std alpha
 <= GROWTH_FLOOR" (late fit: second half of the window in log time, at least 6 checkpoints),
 with Benjamini-Hochberg q-values over all sites with a logit_std.
 
@@ -79,11 +79,6 @@ class RunFits:
     step_max: int = 0
     excluded: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)  # fits that lacked points (fits.json "skipped")
-
-
-def _checkpoints(df: pd.DataFrame) -> pd.DataFrame:
-    ck = df.groupby("step", sort=True).agg(tau=("tau", "first"), revision=("revision", "first"))
-    return ck.reset_index()
 
 
 def _late(t: np.ndarray) -> np.ndarray:
@@ -172,11 +167,14 @@ class _Frame:
 
 @dataclass
 class _LossStage:
-    """The loss-law fit and its bootstrap, and the LM head's loss series over the window."""
+    """The loss-law fit and its bootstrap, and the LM head's loss series over the window; the
+    law the gains' shares divide by (``share``: fitted to vocab.ATTRIBUTION_LOSS, the gains' own
+    tokens, where the run has it; else the run's)."""
 
     fit: LossFit | None = None
     boot: object = None
     series: np.ndarray = field(default_factory=lambda: np.array([]))  # (n,) or empty
+    share: tuple = (None, None)  # (LossFit, bootstrap)
 
 
 def fit_run(run_dir: str | os.PathLike, config: FitConfig | None = None, *,
@@ -218,7 +216,8 @@ def _load_and_window(run_dir: Path, config: FitConfig) -> _Frame:
     df = df[~df["revision"].isin(set(flagged))]
     if df.empty:
         raise FitError(f"every checkpoint of {run_dir} is flagged as a duplicate in integrity.json")
-    ck = _checkpoints(df)
+    ck = (df.groupby("step", sort=True)
+          .agg(tau=("tau", "first"), revision=("revision", "first")).reset_index())
     axis = window.time_axis(ck, config.time_axis)
     win = window.choose(ck, axis, manifest, t_min=config.t_min, t_max=config.t_max,
                         t_min_step=config.t_min_step, t_max_step=config.t_max_step)
@@ -289,7 +288,11 @@ def _loss_fit(frame: _Frame, config: FitConfig, rows: list[dict]) -> _LossStage:
         return _LossStage(series=series)
     fit, boot = fit_loss_law_boot(frame.t, series, n_boot=config.n_boot, seed=config.seed)
     _add(rows, frame, vocab.FIT_LOSS, row, {**fit.__dict__, "flags": ";".join(fit.flags)})
-    return _LossStage(fit, boot, series)
+    ar = np.flatnonzero(frame.metric == vocab.ATTRIBUTION_LOSS)  # the LM head's only
+    attr = frame.values[int(ar[0]), frame.keep] if len(ar) else np.array([])
+    share = (fit_loss_law_boot(frame.t, attr, n_boot=config.n_boot, seed=config.seed)
+             if int((np.isfinite(attr) & (attr > 0)).sum()) >= LOSS_MIN_POINTS else (fit, boot))
+    return _LossStage(fit, boot, series, share)
 
 
 def _gain_shares(frame: _Frame, config: FitConfig, progress: bool, rows: list[dict],
@@ -301,13 +304,14 @@ def _gain_shares(frame: _Frame, config: FitConfig, progress: bool, rows: list[di
                               keep_boot=True)
     site_of, out = frame.site_of, {}
     t1, t2 = float(frame.t[0]), float(frame.t[-1])
+    law, law_boot = loss.share
     for r, fit, boot in zip(gain_rows, fits, boots, strict=True):
         if "alpha" in fit:
             fit = {**fit, "alpha": -fit["alpha"], "alpha_lo": -fit["alpha_hi"],
                    "alpha_hi": -fit["alpha_lo"]}
         _add(rows, frame, vocab.FIT_GAIN, r, fit)
-        out[site_of[r]] = {**classify.drop_share(fit, boot, loss.fit, loss.boot, t1, t2),
-                           **classify.floor_share(fit, boot, loss.fit, loss.boot, t2),
+        out[site_of[r]] = {**classify.drop_share(fit, boot, law, law_boot, t1, t2),
+                           **classify.floor_share(fit, boot, law, law_boot, t2),
                            "alpha_gain": fit.get("alpha", math.nan),
                            "alpha_gain_lo": fit.get("alpha_lo", math.nan),
                            "alpha_gain_hi": fit.get("alpha_hi", math.nan)}

@@ -50,7 +50,7 @@ def test_quick_demo_runs_the_whole_pipeline_offline(tmp_path, capsys, monkeypatc
     for step in common:
         rows = swept[swept.step == step]
         if step not in attributed:
-            rows = rows[~rows.metric.isin(vocab.ATTRIBUTION_METRICS)]
+            rows = rows[~rows.metric.isin(vocab.ATTRIBUTION_ROW_METRICS)]
         pd.testing.assert_frame_equal(live[live.step == step][cols].reset_index(drop=True),
                                       rows[cols].reset_index(drop=True), check_exact=True)
     assert len(common) >= 3 and len(attributed & set(common)) >= 1

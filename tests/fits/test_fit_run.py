@@ -444,3 +444,27 @@ def test_bh_qvalues_match_a_direct_count() -> None:
         k = max([i + 1 for i in range(m) if ps[i] <= (i + 1) * level / m], default=0)
         assert int((q <= level).sum()) == k
     assert math.isnan(q[-1])
+
+
+def test_gain_shares_divide_by_the_loss_on_the_gains_own_windows(tmp_path) -> None:
+    """Where the run records the loss on the attribution windows (``attribution_loss``), a
+    gain's share of the loss decrease divides by that loss's law, not the run's: planted, the
+    attention gain is the whole excess of the attribution windows' loss (share 1) while it is a
+    fraction of the run's; the share recovers 1, and without the rows the run's fraction."""
+    truth = make_run(tmp_path, n_layers=2, n_heads=6, steps=STEPS, seed=1, alphas=PLANTED_ALPHAS,
+                     noise=0.01, gains="attention", gain_noise=0.0)
+    key = (vocab.ATTN_ALL, -1, -1)
+    before_fit = fit_run(tmp_path, FitConfig(n_boot=NB, seed=3))
+    before = before_fit.sites.set_index(["site_kind", "layer", "head"]).loc[key]
+    drop = _drop_truth(truth, before_fit, truth.gain_shares[key], truth.gain_alphas[key])
+    assert abs(before["share"] - drop) < 0.1 * abs(drop) and abs(drop - 1) > 0.3
+    for path in sorted((tmp_path / results.CHECKPOINTS).glob("*.parquet")):
+        df = results.read_checkpoint(path)
+        gain = df[(df.site_kind == vocab.ATTN_ALL) & (df.metric == vocab.GAIN)]
+        row = df[(df.site_kind == vocab.LM_HEAD) & (df.metric == vocab.LOSS)].copy()
+        row["metric"], row["value"] = vocab.ATTRIBUTION_LOSS, 3.0 + float(gain["value"].iloc[0])
+        results.write_checkpoint(tmp_path, str(df["revision"].iloc[0]), pd.concat([df, row]))
+    after = fit_run(tmp_path, FitConfig(n_boot=NB, seed=3))
+    site = after.sites.set_index(["site_kind", "layer", "head"]).loc[key]
+    assert abs(site["share"] - 1.0) < 0.05 and site["share_lo"] <= 1.0 <= site["share_hi"] + 0.02
+    assert after.loss.L0 == pytest.approx(before_fit.loss.L0)  # the run's own law is unchanged

@@ -159,7 +159,7 @@ def _metric_literals(path: Path) -> list[tuple[int, str]]:
     from peakprobe import vocab
 
     names = (set(vocab.ATTN_PROBE_METRICS) | set(vocab.LM_PROBE_METRICS) | set(vocab.SITE_METRICS)
-             | set(vocab.ATTRIBUTION_METRICS) | {vocab.SINK_PROB} | set(vocab.ROUTER_PROBE_METRICS)
+             | set(vocab.ATTRIBUTION_ROW_METRICS) | {vocab.SINK_PROB} | set(vocab.ROUTER_PROBE_METRICS)
              | set(vocab.LOAD_METRICS) | set(vocab.ROLE_METRICS) | set(vocab.GEOMETRY_METRICS)
              | set(vocab.LM_FACTOR_METRICS))
     tree = ast.parse(path.read_text(encoding="utf-8"))
