@@ -282,8 +282,8 @@ class _Runner:
         from the cache. One host copy."""
         r = len(settings)
         start = min(min(s) for s in settings)
-        ref = {i: v for s in settings for i, v in s.items()}
-        rows = {i: torch.stack([s.get(i, torch.ones_like(v)) for s in settings]) for i, v in ref.items()}  # (R, H)
+        ones = {i: torch.ones_like(v) for s in settings for i, v in s.items()}  # layer -> (H,) of 1
+        rows = {i: torch.stack([s.get(i, one) for s in settings]) for i, one in ones.items()}  # (R, H)
         totals = torch.zeros(r, dtype=torch.float64, device=self.logits[0].device)
         units = [self.parts[part]] if whole else [[b] for b in self.parts[part]]
         try:
