@@ -195,8 +195,12 @@ ATTRIBUTION_METRICS: tuple[str, ...] = (SENSITIVITY, CURVATURE, GAIN, LOG_BETA_O
 #: the LM head's mean next-token loss over the attribution windows at beta = 1: the tokens every
 #: gain is measured on, so a gain's share of the loss decrease reads its loss law (one row, LM head)
 ATTRIBUTION_LOSS = "attribution_loss"
+#: the LM head's gain with every attention head at attention's best beta (the all-heads search's
+#: optimum): the part of its gain that is its own, not a soft attention's showing downstream; the
+#: LM head's share of the loss decrease is read from it (one row, LM head)
+GAIN_AFTER_ATTENTION = "gain_after_attention"
 #: every metric the attribution writes
-ATTRIBUTION_ROW_METRICS: tuple[str, ...] = (*ATTRIBUTION_METRICS, ATTRIBUTION_LOSS)
+ATTRIBUTION_ROW_METRICS: tuple[str, ...] = (*ATTRIBUTION_METRICS, ATTRIBUTION_LOSS, GAIN_AFTER_ATTENTION)
 
 #: the metrics the growth laws are fitted to: logit magnitudes (the 1/3 law is about these)
 #: and, as descriptive effective exponents, max_prob and entropy

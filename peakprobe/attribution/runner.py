@@ -304,15 +304,36 @@ class _Runner:
             self.state.betas = {}
         return totals.tolist()
 
-    def lm_slopes(self) -> tuple[float, float]:
-        """The LM head's d L / d log beta and d^2 L / d (log beta)^2 at beta = 1 (closed forms)."""
-        return _lm_closed_form(self.logits, self.targets)
+    def lm_slopes(self, logits: Sequence[torch.Tensor] | None = None) -> tuple[float, float]:
+        """The LM head's d L / d log beta and d^2 L / d (log beta)^2 at beta = 1 (closed forms),
+        on the cached logits or on ``logits`` (one per batch)."""
+        return _lm_closed_form(self.logits if logits is None else logits, self.targets)
 
     @torch.no_grad()
-    def lm_part_sum(self, x: float, part: int) -> float:
-        """Part ``part``'s loss sum with the LM head's logits times exp(x) (the cached logits)."""
+    def lm_part_sum(self, x: float, part: int, logits: Sequence[torch.Tensor] | None = None) -> float:
+        """Part ``part``'s loss sum with the LM head's logits times exp(x): the cached beta = 1
+        logits, or ``logits`` (one (B, T, V) per batch, as ``logits_with`` gives)."""
+        logits = self.logits if logits is None else logits
         scale = float(torch.exp(torch.tensor(x, dtype=torch.float64)))
-        return sum(_ce_sum(self.logits[b], self.targets[b], scale).item() for b in self.parts[part])
+        return sum(_ce_sum(logits[b], self.targets[b], scale).item() for b in self.parts[part])
+
+    @torch.no_grad()
+    def logits_with(self, betas: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+        """Every batch's logits (B, T, V) with ``betas`` (layer -> (H,)), the layers below the
+        lowest one set answered from the cache: one forward per batch."""
+        start = min(betas)
+        self.state.betas = betas
+        out = []
+        try:
+            for b, batch in enumerate(self.batches):
+                if self.layers is not None and start > 0:
+                    with cached_below(self.layers, self.outputs[b], start):
+                        out.append(self._forward(*batch))
+                else:
+                    out.append(self._forward(*batch))
+        finally:
+            self.state.betas = {}
+        return out
 
     def first_part(self, part_sum: Callable[[float, int], float],
                    slope0: float) -> tuple[Callable[[float], float], FirstPart | None]:

@@ -10,7 +10,9 @@ is one forward from its lowest layer up (the layers below answered from the beta
 beta per (replica, layer, head). A replica runs the layers it leaves alone at beta = 1 the way
 its one-by-one evaluation does (``beta.attention_with_beta``): the same path, on a larger
 batch, so the two agree to that batch's rounding. The LM head's evaluations
-need no forward: they read the cached logits. docs/attribution.md, "Cost", counts them.
+need no forward: they read the cached logits. Last, the LM head is searched once more on the
+logits of the model with every head at attention's best beta (``lm_after_attention``: one
+forward per batch): its ``gain_after_attention``. docs/attribution.md, "Cost", counts them.
 """
 
 from __future__ import annotations
@@ -106,6 +108,24 @@ class _Sites:
                                    ftol=self.ftol, max_evals=GROUP_EVALS, first=first)
         return quadratic_estimate(f, self.f0, slope)
 
+    def lm_after_attention(self, lm: SearchResult, attention: SearchResult) -> SearchResult:
+        """The LM head's search on the model with every head's beta at attention's optimum
+        (``attention``, the all-heads search): one forward per batch for those logits, then the
+        LM head's cached-logit search on them. Its f0 is that model's loss. Where attention's
+        optimum is beta = 1 this is the LM head's own search (``lm``)."""
+        if attention.x == 0.0:
+            return lm
+        run = self.run
+        logits = run.logits_with(self.betas(ALL, attention.x))
+
+        def f(x: float) -> float:
+            return sum(run.lm_part_sum(x, k, logits) for k in range(len(run.parts))) / run.n_tokens
+
+        f0 = f(0.0)
+        g, h = run.lm_slopes(logits)
+        r = minimize_log_beta(f, f0, g, ftol=self.ftol, scan=LM_SCAN)
+        return SearchResult(r.x, r.f, f0, g, h, r.n_evals, r.at_bound, False)
+
     def part_sum(self, key: Hashable, x: float, part: int) -> float:
         """One evaluation on its own (the sequential path): an attention key re-runs the layers
         from the lowest it changes."""
@@ -161,6 +181,8 @@ def attribution_rows(run: _Runner, grads: dict[int, torch.Tensor], *, heads: str
         else:
             rows += _rows(vocab.ATTN, key[1], key[2], r, n)
     rows.append((vocab.LM_HEAD, -1, -1, vocab.ATTRIBUTION_LOSS, float(run.loss0), n))
+    after = sites.lm_after_attention(results[keys.index(LM)], results[keys.index(ALL)])
+    rows.append((vocab.LM_HEAD, -1, -1, vocab.GAIN_AFTER_ATTENTION, float(after.gain), n))
     if heads == "off":
         rows += [(vocab.ATTN, layer, h, vocab.SENSITIVITY, float(v), n)
                  for layer in sites.layers for h, v in enumerate(grads[layer].tolist())]

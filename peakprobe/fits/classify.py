@@ -255,6 +255,14 @@ def kind_blocks(sites: pd.DataFrame, growth_of: dict, attn_growth: dict | None,
     return out
 
 
+def _gain_site(rep: pd.Series | None) -> str | None:
+    """The site whose gain a kind's share reads, as the verdict names it."""
+    if rep is None:
+        return None
+    after = rep.get("gain_metric", "") == vocab.GAIN_AFTER_ATTENTION
+    return f"{rep['label']} after attention" if after else str(rep["label"])
+
+
 def _kind_block(members: pd.DataFrame, rep: pd.Series | None, significant: bool, growth: dict,
                 band: tuple[float, float], growth_of: str) -> dict:
     peaked = members["peaked"].fillna(False).astype(bool)
@@ -264,7 +272,7 @@ def _kind_block(members: pd.DataFrame, rep: pd.Series | None, significant: bool,
     a_lo, a_hi = f(growth.get("alpha_lo", math.nan)), f(growth.get("alpha_hi", math.nan))
     return {
         "peaked": bool(peaked.any()), "n_sites": int(len(members)), "n_peaked": int(peaked.sum()),
-        "site": str(rep["label"]) if rep is not None else None, "significant": significant,
+        "site": _gain_site(rep), "significant": significant,
         **{k: get(k) for k in (*SHARE_KEYS, "q_share", "alpha_gain", "alpha_gain_lo",
                                "alpha_gain_hi")},
         "gain_verdict": str(rep["gain_verdict"]) if rep is not None else None,

@@ -21,11 +21,12 @@ reducible part is smaller than the noise at the end of the window, alpha is poor
 and the interval can under-cover (88% with c = 5, alpha = 0.5, 2% noise).
 
 Internally the curve is L0 + exp(k - alpha * (log t - mean log t)) (better conditioned than c);
-c = exp(k + alpha * mean log t).
+c = exp(k + alpha * mean log t). ``loss_block`` lays a fitted law out for fits.json.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ from .common import (
     shape_flags,
     third_distance,
 )
+from .third import judge_third
 
 MIN_POINTS = 5  # three parameters need at least five checkpoints
 ALPHA_MAX = 5.0
@@ -347,3 +349,20 @@ def fit_loss_law_boot(t: np.ndarray, L: np.ndarray, **options: Any) -> tuple[Los
                   t_max=float(tt[-1]), monotone=bool(monotone[0]), flags=tuple(flags),
                   third_in_ci=in_ci, third_distance_ci=dist)
     return fit, loss_boot
+
+
+def _json_float(v: float | None) -> float | None:
+    return float(v) if v is not None and math.isfinite(v) else None
+
+
+def loss_block(loss: LossFit | None, band: tuple[float, float]) -> dict | None:
+    """fits.json's ``loss``: the law's numbers, its three-way verdict and flags."""
+    if loss is None:
+        return None
+    return {
+        **{k: _json_float(getattr(loss, k)) for k in ("alpha", "alpha_lo", "alpha_hi", "L0",
+                                                       "L0_lo", "L0_hi", "c", "t_min", "t_max")},
+        "verdict": judge_third(loss.alpha_lo, loss.alpha_hi, band),
+        "third_in_ci": bool(loss.third_in_ci), "n_points": int(loss.n_points),
+        "flags": list(loss.flags),
+    }

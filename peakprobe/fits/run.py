@@ -10,7 +10,8 @@ missing or not positive are left out of that series' fit (flag ``dropped_points`
 with fewer than 4 usable points gets a row of NaNs flagged ``no_fit``. The loss law is fitted
 to the LM head's `loss`.
 
-Gain fits: G = c t^-alpha for every site whose results carry vocab.GAIN; ``alpha`` is the decay
+Gain fits: G = c t^-alpha for every site whose results carry vocab.GAIN (the LM head's
+vocab.GAIN_AFTER_ATTENTION where present); ``alpha`` is the decay
 exponent (positive when G falls). Each gain site's share of the loss decrease over the window
 (the verdict's) and of L - L0 at the window's end (beside it) are `classify`'s, as are the
 Benjamini-Hochberg families; they divide by the loss on the gains' own tokens (``_LossStage``). "Still growing" is the one-sided p-value of "late logit_std alpha
@@ -49,7 +50,7 @@ from . import classify, window
 from .common import FEW_POINTS, FitError, bh_qvalues, p_at_most
 from .growth import MIN_POINTS, fit_power_law_boot
 from .loss import MIN_POINTS as LOSS_MIN_POINTS
-from .loss import LossFit, fit_loss_law_boot
+from .loss import LossFit, fit_loss_law_boot, loss_block
 from .third import judge_third
 
 FITS_JSON_FORMAT = 2
@@ -295,11 +296,19 @@ def _loss_fit(frame: _Frame, config: FitConfig, rows: list[dict]) -> _LossStage:
     return _LossStage(fit, boot, series, share)
 
 
+def _gain_rows(frame: _Frame) -> np.ndarray:
+    """The rows gain fits and shares read: each site's vocab.GAIN, the LM head's
+    vocab.GAIN_AFTER_ATTENTION in its place where present (docs/attribution.md)."""
+    site_of, after = frame.site_of, frame.rows(vocab.GAIN_AFTER_ATTENTION)
+    swapped = {site_of[r] for r in after}
+    return np.sort(np.r_[[r for r in frame.rows(vocab.GAIN) if site_of[r] not in swapped], after]).astype(int)
+
+
 def _gain_shares(frame: _Frame, config: FitConfig, progress: bool, rows: list[dict],
                  loss: _LossStage) -> dict:
     """Gain fits G = c t^-alpha (alpha: minus the fitted slope) and, per gain site, its share
     of the loss decrease over the window (the verdict's) and its share of L - L0 at the end."""
-    gain_rows = frame.rows(vocab.GAIN)
+    gain_rows = _gain_rows(frame)
     fits, boots = _fit_series(frame.t, frame.values[gain_rows][:, frame.keep], config.n_boot, config.seed, progress, "gain fits",
                               keep_boot=True)
     site_of, out = frame.site_of, {}
@@ -310,7 +319,8 @@ def _gain_shares(frame: _Frame, config: FitConfig, progress: bool, rows: list[di
             fit = {**fit, "alpha": -fit["alpha"], "alpha_lo": -fit["alpha_hi"],
                    "alpha_hi": -fit["alpha_lo"]}
         _add(rows, frame, vocab.FIT_GAIN, r, fit)
-        out[site_of[r]] = {**classify.drop_share(fit, boot, law, law_boot, t1, t2),
+        out[site_of[r]] = {"gain_metric": str(frame.metric[r]),
+                           **classify.drop_share(fit, boot, law, law_boot, t1, t2),
                            **classify.floor_share(fit, boot, law, law_boot, t2),
                            "alpha_gain": fit.get("alpha", math.nan),
                            "alpha_gain_lo": fit.get("alpha_lo", math.nan),
@@ -329,6 +339,7 @@ def _sites(site_keys: list[tuple], at_last: dict, available: set[str], late_of: 
                "label": vocab.site_label(kind, layer, head),
                "peaked": classify.is_peaked(at_last.get(site, {}), crit),
                "sensitivity": at_last.get(site, {}).get(vocab.SENSITIVITY, math.nan),
+               "gain_metric": "",
                **{k: math.nan for k in ("alpha_late", "alpha_late_lo", "alpha_late_hi",
                                         "p_growing", *classify.SHARE_KEYS, "alpha_gain",
                                         "alpha_gain_lo", "alpha_gain_hi")},
@@ -409,22 +420,6 @@ def _table(rows: list[dict], sites: pd.DataFrame, band: tuple[float, float],
     return table.reset_index(drop=True)
 
 
-def _json_float(v: float | None) -> float | None:
-    return float(v) if v is not None and math.isfinite(v) else None
-
-
-def _loss_block(loss: LossFit | None, band: tuple[float, float]) -> dict | None:
-    if loss is None:
-        return None
-    return {
-        **{k: _json_float(getattr(loss, k)) for k in ("alpha", "alpha_lo", "alpha_hi", "L0",
-                                                       "L0_lo", "L0_hi", "c", "t_min", "t_max")},
-        "verdict": judge_third(loss.alpha_lo, loss.alpha_hi, band),
-        "third_in_ci": bool(loss.third_in_ci), "n_points": int(loss.n_points),
-        "flags": list(loss.flags),
-    }
-
-
 def _flags(frame: _Frame, loss: LossFit | None, scan: dict, spikes: list,
            sites: pd.DataFrame) -> list[str]:
     """fits.json's run-level flags."""
@@ -490,7 +485,7 @@ def _document(frame: _Frame, config: FitConfig, loss: _LossStage, sites: pd.Data
                    "start_rule": frame.win.start_rule},
         "excluded": frame.excluded,
         "spikes": spikes,
-        "loss": _loss_block(loss.fit, band),
+        "loss": loss_block(loss.fit, band),
         "loss_scan": scan,
         "skipped": frame.skipped,
         "bottleneck": _bottleneck(frame, loss.fit, sites, kinds, doubtful),

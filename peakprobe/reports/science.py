@@ -132,15 +132,28 @@ def gain_sites(run: RunData) -> list[tuple[str, int, int]]:
     return grouped + top[:TOP_GAIN_HEADS]
 
 
+def gain_metric(run: RunData, kind: str) -> str:
+    """The gain series a site's fit and share read: the LM head's ``gain_after_attention``
+    where the run measured it, else ``gain``."""
+    if kind == LM_HEAD and (run.results["metric"] == vocab.GAIN_AFTER_ATTENTION).any():
+        return vocab.GAIN_AFTER_ATTENTION
+    return GAIN
+
+
+def _gain_label(run: RunData, kind: str, layer: int, head: int) -> str:
+    after = gain_metric(run, kind) == vocab.GAIN_AFTER_ATTENTION
+    return site_label(kind, layer, head) + (" after attention" if after else "")
+
+
 def _gain_row(run: RunData, kind: str, layer: int, head: int) -> pd.Series | None:
-    rows = fit_rows(run, kind, layer, head, GAIN)
+    rows = fit_rows(run, kind, layer, head, gain_metric(run, kind))
     rows = rows[rows["fit"].isin(("gain", "growth"))]
     return rows.iloc[-1] if not rows.empty else None
 
 
 def gain_curve(run: RunData, kind: str, layer: int, head: int) -> Curve:
     """G(t) of one site, its fitted c t^-alpha over the window and a t^(-1/3) reference."""
-    t, v = series(run, kind, layer, head, GAIN)
+    t, v = series(run, kind, layer, head, gain_metric(run, kind))
     row = _gain_row(run, kind, layer, head)
     fit_t = fit_v = ref_v = np.empty(0)
     a = lo = hi = math.nan
@@ -152,7 +165,8 @@ def gain_curve(run: RunData, kind: str, layer: int, head: int) -> Curve:
             fit_v = c * fit_t ** (-a)
             t_mid = math.sqrt(t0 * t1)
             ref_v = c * t_mid ** (-a) * (fit_t / t_mid) ** (-THIRD)
-    return Curve(site_label(kind, layer, head), kind, layer, head, t, v, fit_t, fit_v, ref_v, a, lo, hi, math.nan)
+    return Curve(_gain_label(run, kind, layer, head), kind, layer, head, t, v, fit_t, fit_v, ref_v,
+                 a, lo, hi, math.nan)
 
 
 def _gain_exponent(row: pd.Series, band: tuple[float, float]) -> dict:
@@ -171,11 +185,11 @@ def gains_block(run: RunData, band: tuple[float, float]) -> dict:
         return {"measured": False, "sites": []}
     out = []
     for kind, layer, head in sites:
-        _, g = series(run, kind, layer, head, GAIN)
+        _, g = series(run, kind, layer, head, gain_metric(run, kind))
         row = _gain_row(run, kind, layer, head)
         entry: dict[str, Any] = {
             "site_kind": kind, "layer": layer, "head": head,
-            "label": site_label(kind, layer, head),
+            "label": _gain_label(run, kind, layer, head),
             "final_gain": float(g[-1]) if g.size else None,
         }
         keys = ("alpha", "alpha_lo", "alpha_hi", "t_min", "t_max", "n_points", "verdict",

@@ -170,6 +170,24 @@ def test_group_gains_match_a_brute_force_grid(neox, site):
     assert x == pytest.approx(x_grid, abs=5e-3 if abs(x_grid) < EXTEND_LIMIT else 0)
 
 
+def test_lm_gain_after_attention_matches_a_brute_force_grid(neox):
+    """gain_after_attention is the LM head's gain on the model whose every head's logits are
+    times attention's best beta (all heads' log_beta_opt): the reference loss on a grid."""
+    model, ids, mask, df = neox
+    xa = _value(df, vocab.ATTN_ALL, -1, -1, vocab.LOG_BETA_OPT)
+    assert abs(xa) > 1e-2  # attention's best beta is not 1, so the two LM gains differ
+    factors = _head_factors(model, -1, None, math.exp(xa))
+
+    def fn(y):
+        return reference_loss(model, ids, mask, factors, lm_factor=math.exp(y))
+
+    f0 = fn(0.0)
+    _, f_grid = _grid_min(fn)
+    after = _value(df, vocab.LM_HEAD, -1, -1, vocab.GAIN_AFTER_ATTENTION)
+    assert after == pytest.approx(f0 - f_grid, abs=1e-6)
+    assert abs(after - _value(df, vocab.LM_HEAD, -1, -1, vocab.GAIN)) > 1e-4
+
+
 def test_head_estimate_is_the_local_quadratic_model_and_is_compared_with_the_search(neox):
     """The default single-head gain is g^2 / (2h) from the exact slope and the secant curvature
     over [0, -sign(g) * DELTA], both checked against the reference loss. The comparison with

@@ -468,3 +468,27 @@ def test_gain_shares_divide_by_the_loss_on_the_gains_own_windows(tmp_path) -> No
     site = after.sites.set_index(["site_kind", "layer", "head"]).loc[key]
     assert abs(site["share"] - 1.0) < 0.05 and site["share_lo"] <= 1.0 <= site["share_hi"] + 0.02
     assert after.loss.L0 == pytest.approx(before_fit.loss.L0)  # the run's own law is unchanged
+
+
+def test_the_lm_heads_share_reads_its_gain_after_attention(tmp_path) -> None:
+    """Where the run records the LM head's gain after attention, its gain fit and share read
+    that series: planted, the LM head's own gain is the whole decrease (share well above 0.3) while after
+    attention it is a constant 0.001 nats (share 0); the verdict names the series it read."""
+    make_run(tmp_path, n_layers=2, n_heads=6, steps=STEPS, seed=1, alphas=PLANTED_ALPHAS,
+             noise=0.01, gains="lm_head", gain_noise=0.0)
+    key = (vocab.LM_HEAD, -1, -1)
+    alone = fit_run(tmp_path, FitConfig(n_boot=NB, seed=3)).sites.set_index(
+        ["site_kind", "layer", "head"]).loc[key]
+    assert alone["share_lo"] > 0.3
+    for path in sorted((tmp_path / results.CHECKPOINTS).glob("*.parquet")):
+        df = results.read_checkpoint(path)
+        row = df[(df.site_kind == vocab.LM_HEAD) & (df.metric == vocab.GAIN)].copy()
+        row["metric"], row["value"] = vocab.GAIN_AFTER_ATTENTION, 1e-3
+        results.write_checkpoint(tmp_path, str(df["revision"].iloc[0]), pd.concat([df, row]))
+    after = fit_run(tmp_path, FitConfig(n_boot=NB, seed=3))
+    site = after.sites.set_index(["site_kind", "layer", "head"]).loc[key]
+    assert abs(site["share"]) < 0.01 and site["gain_metric"] == vocab.GAIN_AFTER_ATTENTION
+    gain_fits = after.table[(after.table["fit"] == vocab.FIT_GAIN) & (after.table["site_kind"] == vocab.LM_HEAD)]
+    assert list(gain_fits["metric"]) == [vocab.GAIN_AFTER_ATTENTION]
+    kinds = results.read_json(tmp_path / results.FITS_JSON)["bottleneck"]["kinds"]
+    assert kinds[vocab.BOTTLENECK_LM_HEAD]["site"] == "LM head after attention"

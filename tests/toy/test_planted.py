@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
+from peakprobe import vocab
 from peakprobe.data import load_eval_data
 from peakprobe.toy import planted, planted_scale
 from peakprobe.toy.planted import (
@@ -444,3 +445,30 @@ def test_gain_beside_oracle_reports_the_worst_relative_error_in_the_window():
     doc = gain_beside_oracle(rows, {1: 0.0, 10: 0.45, 100: 0.23}, (10, 100))
     assert doc["max_rel_error"] == pytest.approx(0.15)  # step 1 lies outside the window
     assert [r["gain_attention"] for r in doc["rows"]] == [0.0, 0.45, 0.23]
+
+
+def test_lm_head_gain_after_attention_leaves_out_what_a_soft_head_costs():
+    """Planted truth: the scored-copy readout is calibrated for a perfect head, so with the head
+    at its best beta the LM head's temperature is right (gain_after_attention ~ 0), while with
+    the head soft (theta 3) another LM temperature pays (its gain alone is large)."""
+    import torch
+
+    from peakprobe.attribution.gains import attribute
+
+    cfg = PlantedConfig.for_task(ATTENTION_TASK)
+    model = planted_scale.build_model(cfg, planted.build_tokenizer(cfg))
+    calib, _ = planted.generate(cfg, 256, np.random.default_rng([cfg.task_seed, 23]))
+    planted_scale.calibrate_readout(model, torch.from_numpy(calib + 1))
+    planted_scale.set_theta(model, 3.0)
+    x, _ = planted.generate(cfg, 32, np.random.default_rng(5))
+    df = attribute(model, [(torch.from_numpy(x + 1), None)], heads="off")
+
+    def value(kind, metric):
+        return float(df[(df.site_kind == kind) & (df.metric == metric)]["value"].iloc[0])
+
+    alone = value(vocab.LM_HEAD, vocab.GAIN)
+    after = value(vocab.LM_HEAD, vocab.GAIN_AFTER_ATTENTION)
+    attention = value(vocab.ATTN_ALL, vocab.GAIN)
+    assert attention > 0.3  # the soft head holds a large part of the loss
+    assert alone > 0.02  # the LM head alone makes up some of it
+    assert after < 0.1 * alone, (alone, after)
