@@ -437,6 +437,44 @@ def test_trained_qk_trains_the_query_map_and_the_score_key_alone(tmp_path):
     assert rows[-1]["oracle_excess"] < rows[0]["oracle_excess"]
 
 
+@pytest.fixture(scope="module")
+def trained_controls(tmp_path_factory):
+    """The trained controls (seed 0) trained, swept, fitted and reported once through the CLI."""
+    from peakprobe.cli import main
+    from peakprobe.toy import planted_trained as pt
+
+    runs = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        for task in pt.TRAINED_TASKS:
+            out = tmp_path_factory.mktemp(f"control-{task}")
+            assert main(["toy", "planted", "--task", task, "--out", str(out), "-q"]) == 0
+            runs[task] = out / "run"
+    return runs
+
+
+@pytest.mark.slow
+def test_trained_controls_get_their_planted_verdicts(trained_controls):
+    """trained_qk: `attention`, its share of the decrease above 0.5, the LM head's (after
+    attention) under 0.1, the gain within 20% of the oracle excess over the window; the LM-head
+    twin: `lm_head`; the blind spot: not `attention`, the ranking limit in words."""
+    from peakprobe.toy import planted_trained as pt
+
+    def bottleneck(task):
+        return json.loads((trained_controls[task] / "fits.json").read_text())["bottleneck"]
+
+    qk = bottleneck(pt.TRAINED_QK_TASK)
+    assert qk["verdict"] == "attention"
+    assert qk["kinds"]["attention"]["share_lo"] > 0.5
+    assert qk["kinds"]["lm_head"]["share_hi"] < 0.1
+    assert qk["kinds"]["lm_head"]["site"] == "LM head after attention"
+    oracle = json.loads((trained_controls[pt.TRAINED_QK_TASK] / pt.ORACLE_FILE).read_text())
+    assert oracle["max_rel_error"] < 0.2
+    assert bottleneck(pt.LM_HEAD_TWIN_TASK)["verdict"] == "lm_head"
+    blind = bottleneck(pt.BLIND_SPOT_TASK)
+    assert blind["verdict"] != "attention" and "outside what it measures" in blind["reason"]
+
+
 def test_gain_beside_oracle_reports_the_worst_relative_error_in_the_window():
     from peakprobe.toy.planted_trained import gain_beside_oracle
 
