@@ -225,7 +225,7 @@ KIND_KEYS = ("share", "share_lo", "share_hi", "alpha_gain", "alpha_gain_lo", "al
 
 
 def _kind_columns(b: dict) -> dict:
-    """fits.json format 2: per softmax kind, its share of L - L0 and its gain's decay exponent
+    """fits.json format 2: per softmax kind, its share of the loss decrease and its gain's decay exponent
     (columns attn_* and lm_*; None where the run's fits.json has no such key)."""
     kinds = b.get("kinds") if isinstance(b.get("kinds"), dict) else {}
     out = {}

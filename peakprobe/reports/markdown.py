@@ -140,7 +140,7 @@ def router_lines(routers: list[dict]) -> list[str]:
     if not routers:
         return []
     lines = ["## MoE routers", "",
-             "Per router: logit_std growth α [CI] and verdict, class, share of L − L0 [CI] when "
+             "Per router: logit_std growth α [CI] and verdict, class, share of the loss decrease [CI] when "
              "measured, and at the last checkpoint the token-mean entropy, max prob and top-k "
              "mass over experts, the entropy of the expert load (nats), the dead-expert fraction "
              "and the largest load over the mean.", ""]
@@ -175,7 +175,7 @@ def _headline(s: dict, band: str) -> list[str]:
     b = s["bottleneck"]
     line = f"- **Bottleneck:** {_md(b['verdict'] or 'undetermined')}"
     if b["share"] is not None:
-        line += f" (its gain is {_share(b)} of L − L0)"
+        line += f" (its gain is {_share(b)} of the loss decrease)"
     if b["reason"]:
         line += f" — {_md(b['reason'])}"
     lines.append(line)
@@ -206,7 +206,7 @@ def _fits_sections(s: dict, band: str) -> list[str]:
         lines += ["Not measured in this run (the sweep ran without gains).", ""]
     else:
         lines += _table(
-            ["site", "final G", "share of L − L0 [CI]", "decay α [CI]", "verdict", "window"],
+            ["site", "final G", "share of the loss decrease [CI]", "decay α [CI]", "verdict", "window"],
             [[g["label"], num(g["final_gain"]), _share(g), _ci(g), g["verdict"] or "—",
               _window(g) if g["t_min"] is not None else "—"] for g in s["gains"]["sites"]])
     lines += ["## Window scan α(t_min)", ""]
@@ -260,7 +260,7 @@ def _sites_sections(s: dict) -> list[str]:
             "",
         ]
         lines += _table(
-            ["kind", "peaked", "share of L − L0 [CI]", "q", "gain decay α [CI]", "verdict",
+            ["kind", "peaked", "share of the loss decrease [CI]", "q", "gain decay α [CI]", "verdict",
              "logit_std growth α [CI]", "verdict"],
             [[k["label"], _yes(k["peaked"]), _share(k), num(k["q_share"]), _interval(k, "alpha_gain"),
               k["gain_verdict"] or "—", _interval(k, "alpha_growth"), k["growth_verdict"] or "—"]

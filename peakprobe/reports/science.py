@@ -4,7 +4,7 @@ Owns: reading (never computing) what ``fit`` wrote about the bottleneck question
 for summary.json and the page: every fitted exponent with its interval, window and three-way
 verdict against the band (fits' own verdict when it wrote one, else ``fits.third.judge_third`` on
 its interval: the same rule); the optimal-temperature gain G(t) of each softmax (LM head, all
-attention, each layer, top heads) with its decay fit and its share of the reducible loss L − L0;
+attention, each layer, top heads) with its decay fit and its share of the loss decrease;
 the alpha(t_min) window scan; both peakedness criteria; duplicated and spike-flagged checkpoints.
 Anything the run did not measure comes back as ``measured: False``, never as invented numbers.
 """
@@ -178,7 +178,7 @@ def _gain_exponent(row: pd.Series, band: tuple[float, float]) -> dict:
 
 
 def gains_block(run: RunData, band: tuple[float, float]) -> dict:
-    """summary.json ``gains``: per shown site its final G, fitted share of L − L0 with its
+    """summary.json ``gains``: per shown site its final G, fitted share of the loss decrease with its
     interval (fits.parquet), and the decay exponent with its window and verdict."""
     sites = gain_sites(run)
     if not sites:
@@ -413,7 +413,7 @@ def integrity_block(run: RunData) -> dict:
 
 
 def bottleneck_kinds(run: RunData, band: tuple[float, float]) -> list[dict]:
-    """fits.json's per-kind evidence (attention, LM head): peaked, share of L − L0 with its
+    """fits.json's per-kind evidence (attention, LM head): peaked, share of the loss decrease with its
     interval and BH q-value, gain decay and logit growth exponents with their verdicts."""
     out = []
     for kind, k in ((run.verdicts.get("bottleneck") or {}).get("kinds") or {}).items():
