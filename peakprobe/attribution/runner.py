@@ -154,6 +154,14 @@ class _Runner:
         extra = {} if pos is None else {"position_ids": pos}
         return self.model(input_ids=ids, attention_mask=mask, use_cache=False, **extra).logits
 
+    def _forward_from(self, b: int, start: int) -> torch.Tensor:
+        """Batch ``b``'s logits (B, T, V) under the current betas, re-running layers ``start``..
+        only (the blocks below answer from the beta = 1 cache where there is one)."""
+        if self.layers is not None and start > 0:
+            with cached_below(self.layers, self.outputs[b], start):
+                return self._forward(*self.batches[b])
+        return self._forward(*self.batches[b])
+
     def gradients(self) -> dict[int, torch.Tensor]:
         """d L / d log beta per layer, (H,) float64, by one backward pass per batch.
 
@@ -251,15 +259,9 @@ class _Runner:
         total = 0.0
         try:
             for b in self.parts[part]:
-                batch = self.batches[b]
                 if splice:
                     self.state.cached, self.state.checked = self.attn_outputs[b], self._checked[b]
-                if self.layers is not None and start > 0:
-                    with cached_below(self.layers, self.outputs[b], start):
-                        logits = self._forward(*batch)
-                else:
-                    logits = self._forward(*batch)
-                total += _ce_sum(logits, self.targets[b]).item()
+                total += _ce_sum(self._forward_from(b, start), self.targets[b]).item()
         finally:
             self.state.betas, self.state.cached = {}, {}
         return total
@@ -321,19 +323,11 @@ class _Runner:
     def logits_with(self, betas: dict[int, torch.Tensor]) -> list[torch.Tensor]:
         """Every batch's logits (B, T, V) with ``betas`` (layer -> (H,)), the layers below the
         lowest one set answered from the cache: one forward per batch."""
-        start = min(betas)
         self.state.betas = betas
-        out = []
         try:
-            for b, batch in enumerate(self.batches):
-                if self.layers is not None and start > 0:
-                    with cached_below(self.layers, self.outputs[b], start):
-                        out.append(self._forward(*batch))
-                else:
-                    out.append(self._forward(*batch))
+            return [self._forward_from(b, min(betas)) for b in range(len(self.batches))]
         finally:
             self.state.betas = {}
-        return out
 
     def first_part(self, part_sum: Callable[[float, int], float],
                    slope0: float) -> tuple[Callable[[float], float], FirstPart | None]:

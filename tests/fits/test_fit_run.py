@@ -472,8 +472,8 @@ def test_gain_shares_divide_by_the_loss_on_the_gains_own_windows(tmp_path) -> No
 
 def test_the_lm_heads_share_reads_its_gain_after_attention(tmp_path) -> None:
     """Where the run records the LM head's gain after attention, its gain fit and share read
-    that series: planted, the LM head's own gain is the whole decrease (share well above 0.3) while after
-    attention it is a constant 0.001 nats (share 0); the verdict names the series it read."""
+    that series: planted, the LM head's own gain carries much of the decrease (share above 0.3)
+    while after attention it is a constant 0.001 nats (share 0); the verdict names the series."""
     make_run(tmp_path, n_layers=2, n_heads=6, steps=STEPS, seed=1, alphas=PLANTED_ALPHAS,
              noise=0.01, gains="lm_head", gain_noise=0.0)
     key = (vocab.LM_HEAD, -1, -1)
