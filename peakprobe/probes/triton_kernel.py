@@ -78,8 +78,8 @@ class LaunchConfig:
 _CONFIGS: dict[tuple[int, int], LaunchConfig] = {
     (2, 64): LaunchConfig(128, 64, 8, 3),
     (2, 128): LaunchConfig(128, 64, 8, 3),
-    (2, 256): LaunchConfig(64, 32, 8, 2),
-    (4, 64): LaunchConfig(128, 32, 8, 2),
+    (2, 256): LaunchConfig(64, 64, 8, 2),
+    (4, 64): LaunchConfig(128, 64, 8, 2),
 }
 _override: LaunchConfig | None = None
 

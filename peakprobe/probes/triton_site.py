@@ -13,7 +13,8 @@ comparable logits and stay accurate in float32 when |z| >> their spread. Per key
   new max moves them per row: q2 += 2 shift q1 + n shift^2, q1 += n shift): the logit mean and
   std without a per-tile mean or variance merge, accurate when |mean| >> std;
 * the second largest logit (a tied maximum counts twice, as ``topk``): a running top two per
-  pair of tile columns (elementwise max / min, no reduction), combined across them at the end.
+  pair of keys (j, j + BLOCK_N / 2) of a tile, elementwise max / min of its two half tiles'
+  logits (one ``tl.dot`` each, so both come in one register layout), combined at the end.
 
 Programs of the heads that share a key head are adjacent in the grid (their key tiles meet in
 L2), and the query blocks with the longest key ranges start first.
@@ -94,15 +95,11 @@ def _beta_eff(entropy, n, curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr, size, st
 
 
 @triton.jit
-def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
-          Tk, D, skt, skd, scaling, softcap, c,
-          MASKED: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
-          DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Fold keys n0 .. n0 + BLOCK_N into each row's online sums. MASKED: only keys in
-    (st, en) count (the first visible key st is kept apart); else every key of the tile is
-    visible to every kept row (rows not kept accumulate what they like: their weight is 0)."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)  # (N,)
-    k_ptrs = k_base + offs_n[None, :] * skt + offs_d[:, None] * skd  # (Dp, N)
+def _scores(q, k_base, offs_n, offs_d, Tk, D, skt, skd, scaling, softcap,
+            MASKED: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
+            DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """(M, len(offs_n)) float32 logits of the keys ``offs_n`` (softcapped, or raw q.k)."""
+    k_ptrs = k_base + offs_n[None, :] * skt + offs_d[:, None] * skd  # (Dp, N/2)
     if MASKED:
         kmask = (offs_n < Tk)[None, :]
         if not EVEN_D:
@@ -114,21 +111,42 @@ def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
         kt = tl.load(k_ptrs, mask=(offs_d < D)[:, None], other=0.0)
     if DOT_FP32:
         kt = kt.to(tl.float32)
-    s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # (M, N) float32
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # (M, N/2) float32
     if SOFTCAP:
         s = softcap * _tanh(s * (scaling / softcap))
-    d = s - f[:, None]  # (M, N) logits relative to the first key's
-    if MASKED:
-        valid = (offs_n[None, :] > st[:, None]) & (offs_n[None, :] < en[:, None])  # (M, N)
-        d = tl.where(valid, d, float("-inf"))
+    return s
+
+
+@triton.jit
+def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
+          Tk, D, skt, skd, scaling, softcap, c,
+          MASKED: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
+          DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Fold keys n0 .. n0 + BLOCK_N into each row's online sums. MASKED: only keys in
+    (st, en) count (the first visible key st is kept apart); else every key of the tile is
+    visible to every kept row (rows not kept accumulate what they like: their weight is 0).
+
+    The tile is two half tiles of BLOCK_N / 2 keys, one ``tl.dot`` each: their logits come
+    in the same register layout, so the top two of each pair (key j, key j + BLOCK_N / 2)
+    are elementwise max / min with no shuffle between threads."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    offs_a = n0 + tl.arange(0, HALF)  # (N/2,)
+    offs_b = offs_a + HALF
+    da = _scores(q, k_base, offs_a, offs_d, Tk, D, skt, skd, scaling, softcap,
+                 MASKED, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION) - f[:, None]  # (M, N/2)
+    db = _scores(q, k_base, offs_b, offs_d, Tk, D, skt, skd, scaling, softcap,
+                 MASKED, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION) - f[:, None]  # (M, N/2)
+    if MASKED:  # logits relative to the first key's; hidden keys -inf
+        va = (offs_a[None, :] > st[:, None]) & (offs_a[None, :] < en[:, None])  # (M, N/2)
+        vb = (offs_b[None, :] > st[:, None]) & (offs_b[None, :] < en[:, None])
+        da = tl.where(va, da, float("-inf"))
+        db = tl.where(vb, db, float("-inf"))
         nb = tl.maximum(tl.minimum(en, n0 + BLOCK_N) - tl.maximum(st + 1, n0), 0).to(tl.float32)
     else:
         nb = BLOCK_N * 1.0
-    # running top two per pair of columns (each thread holds column pairs of the MMA layout):
-    # a tie lands in T2, so it counts twice; the row max reads the pairs' maxima
-    a, b = tl.split(tl.reshape(d, (d.shape[0], BLOCK_N // 2, 2)))  # (M, N/2) each
-    hi2 = tl.maximum(a, b)
-    T2 = tl.maximum(T2, tl.maximum(tl.minimum(a, b), tl.minimum(T1, hi2)))
+    # running top two per key pair: a tie lands in T2, so it counts twice
+    hi2 = tl.maximum(da, db)
+    T2 = tl.maximum(T2, tl.maximum(tl.minimum(da, db), tl.minimum(T1, hi2)))
     T1 = tl.maximum(T1, hi2)
     m_new = tl.maximum(m, tl.max(hi2, 1))  # (M,)
     if MASKED:
@@ -137,21 +155,27 @@ def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
         m_new_safe = m_new
     shift = tl.where(m == float("-inf"), 0.0, (m - m_new_safe) * c)  # <= 0: the new max's move
     alpha = tl.exp2(shift)  # 0 while the row was empty
-    x = d * c - (m_new_safe * c)[:, None]  # (M, N) log2 units, <= 0: the shift in one FMA
+    mc = (m_new_safe * c)[:, None]
+    xa = da * c - mc  # (M, N/2) log2 units, <= 0: the shift in one FMA
+    xb = db * c - mc
     if MASKED:
-        x = tl.where(valid, x, -1e30)  # hidden: p = 0, p x = 0 and no part in q1, q2
-        xz = tl.where(valid, x, 0.0)
+        xa = tl.where(va, xa, -1e30)  # hidden: p = 0, p x = 0 and no part in q1, q2
+        xb = tl.where(vb, xb, -1e30)
+        xza = tl.where(va, xa, 0.0)
+        xzb = tl.where(vb, xb, 0.0)
     else:
-        xz = x
-    p = tl.exp2(x)
-    sx = alpha * (sx + shift * se) + tl.sum(p * x, 1)
-    se = alpha * se + tl.sum(p, 1)
+        xza = xa
+        xzb = xb
+    pa = tl.exp2(xa)
+    pb = tl.exp2(xb)
+    sx = alpha * (sx + shift * se) + tl.sum(pa * xa + pb * xb, 1)
+    se = alpha * se + tl.sum(pa + pb, 1)
     m = m_new
     # sum x and sum x^2 straight, relative to the running max: moved to a new max per row
     q1 = q1 + n * shift  # the old sums, moved to the new max
     q2 = q2 + shift * (2.0 * (q1 - n * shift) + n * shift)
-    q1 = q1 + tl.sum(xz, 1)
-    q2 = q2 + tl.sum(xz * xz, 1)
+    q1 = q1 + tl.sum(xza + xzb, 1)
+    q2 = q2 + tl.sum(xza * xza + xzb * xzb, 1)
     n_new = n + nb
     return m, se, sx, n_new, q1, q2, T1, T2
 
@@ -211,7 +235,7 @@ def _sweep_keys(q, k_base, offs_d, st, en, f, kept, Tk, D, skt, skd, scaling, so
     n = tl.zeros((BLOCK_M,), tl.float32)  # other keys
     q1 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x = (d - m) c
     q2 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x^2
-    T1 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # largest d per column pair
+    T1 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # largest d per key pair
     T2 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # second largest per pair
     for n0 in range(lo_t, fs, BLOCK_N):
         m, se, sx, n, q1, q2, T1, T2 = _tile(
