@@ -6,9 +6,10 @@ three kinds of segment:
 
 * **filler** sentences: Zipf-distributed words with a weak bigram habit (each word has a
   preferred follower), ending in ``.`` — learnable from the current token alone;
-* **copy** segments: ``copy : w1 .. wk .`` with uniformly random words, repeated later in the
-  same document as ``again : w1 .. wk .`` — predicting the repeat needs an induction head that
-  attends sharply to the earlier occurrence;
+* **copy** segments: ``copy : w1 .. wk .`` with ``COPY_SPAN`` uniformly random words, repeated
+  later in the same document as ``again : w1 .. wk .`` — predicting the repeat needs an
+  induction head that attends sharply to the earlier occurrence (and, under it, a head that
+  reads the previous token);
 * **key-value** segments: ``set k1 = v1 , k2 = v2 ... .`` followed later by ``get k2 = v2 .`` —
   predicting ``v2`` needs attention to the one earlier position where ``k2 =`` appeared.
 
@@ -30,8 +31,11 @@ N_WORDS = 1000
 ZIPF_EXPONENT = 1.1
 ZIPF_OFFSET = 2.7
 FOLLOW_PROB = 0.4
-FILLER_SHARE = 0.55  # probability that a new segment is a filler sentence
-COPY_SHARE = 0.25  # ... a copy segment (the rest are key-value segments)
+FILLER_SHARE = 0.3  # probability that a new segment is a filler sentence
+COPY_SHARE = 0.5  # ... a copy segment (the rest are key-value segments)
+#: words in a copy segment: long repeats make copying worth a head early in training (spans
+#: of 4 to 10 words leave the demo's tiny LM with no positional head after its 800 updates)
+COPY_SPAN = (12, 24)
 EVAL_SEED = 987_654
 
 _VOCAB_SEED = 20_260_203
@@ -110,7 +114,7 @@ def _document(rng: np.random.Generator) -> list[str]:
         if kind < FILLER_SHARE:
             words += _filler(rng)
         elif kind < FILLER_SHARE + COPY_SHARE:
-            span = _random_span(rng, 4, 10)
+            span = _random_span(rng, *COPY_SPAN)
             words += ["copy", ":", *span, "."]
             pending.append((s + int(rng.integers(1, 5)), ["again", ":", *span, "."]))
         else:

@@ -206,13 +206,17 @@ def _run_add(p):
     _add_fit_options(p)
 
 
-def _finish(args, result, *, sweep_line: bool = False) -> int:
+def _finish(args, result, *, sweep_line: bool = False, roles_line: bool = False) -> int:
     """Print a fitted run's verdicts and report (and the sweep's line when asked for or when
-    checkpoints failed); the worst of the sweep's and the fits' exit codes."""
+    checkpoints failed; its head roles' line when asked for); the worst of the sweep's and the
+    fits' exit codes."""
     from ..fits import format_fits
+    from ..reports.markdown import roles_text
 
     status = sweep_status(args, result.sweep) if (sweep_line or result.sweep.failed) else 0
     say(args, format_fits(result.fits))
+    if roles_line and (roles := roles_text(results.read_json(result.report.summary_json).get("roles", {}))):
+        say(args, roles)
     say(args, f"report: {result.report.html}")
     return max(status, fit_status(result.fits))
 
@@ -232,7 +236,9 @@ def _demo_add(p):
 def _demo_run(args, command):
     from .. import api
 
-    return _finish(args, api.demo(args.out, quick=args.quick, progress=not args.quiet, command=command))
+    # the demo names its head roles too (a run's report lists them in its "Head roles" section)
+    return _finish(args, api.demo(args.out, quick=args.quick, progress=not args.quiet, command=command),
+                   roles_line=True)
 
 
 PLANTED_TASKS = ("lm_head", "attention", "lag_copy", "teacher_attention", "trained_qk", "blind_spot",

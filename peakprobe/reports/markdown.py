@@ -135,6 +135,26 @@ def role_lines(roles: dict) -> list[str]:
                            for h in roles["heads"]])
 
 
+def roles_text(roles: dict, most: int = 4) -> str | None:
+    """The terminal line of the head roles: per role its heads (at most ``most`` listed, by
+    score) with score and emergence step; None when the run has no role scores."""
+    if not roles.get("measured"):
+        return None
+    head = f"head roles (diagnostic batch, score >= {roles['threshold']:g} at the last checkpoint):"
+    by_role: dict[str, list[dict]] = {}
+    for h in sorted(roles["heads"], key=lambda h: -h["score"]):
+        by_role.setdefault(h["role"], []).append(h)
+    if not by_role:
+        return f"{head} none"
+    parts = []
+    for role, heads in by_role.items():
+        listed = ", ".join(f"{h['label']} {h['score']:.2f}, since step {h['since_step']}"
+                           for h in heads[:most])
+        more = f", {len(heads) - most} more" if len(heads) > most else ""
+        parts.append(f"{role} {len(heads)} ({listed}{more})")
+    return f"{head} " + "; ".join(parts)
+
+
 def router_lines(routers: list[dict]) -> list[str]:
     """The MoE routers' section (nothing for a dense model)."""
     if not routers:

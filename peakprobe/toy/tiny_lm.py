@@ -48,7 +48,7 @@ from peakprobe.vocab import PeakprobeError
 MARKER = "tiny_lm.json"
 SCHEDULE = "schedule.json"
 TRAIN_LOG = "train_log.json"
-TRAINER_FORMAT = 2  # bump when a change to this module or the corpus changes the trained weights
+TRAINER_FORMAT = 3  # bump when a change to this module or the corpus changes the trained weights
 
 
 class TinyLMError(PeakprobeError):

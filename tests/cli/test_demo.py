@@ -74,3 +74,14 @@ def test_full_demo_grows_a_peaked_attention_head(tmp_path, default_tiny_lm):
         assert std[(r.layer, r.head, last)] > 3 * std[(r.layer, r.head, first)]
     verdict = json.loads((tmp_path / "run" / "fits.json").read_text())
     assert verdict["bottleneck"]["n_concentrating"] >= 1
+    # a head takes a role during training (the corpus's long copy segments grow a
+    # previous-token head): its score stays at or above the threshold from its step on
+    roles = json.loads((tmp_path / "run" / "report" / "summary.json").read_text())["roles"]
+    assert roles["measured"] and roles["heads"]
+    for h in roles["heads"]:
+        metric = vocab.ROLE_OF[h["role"]]
+        s = attn[(attn.metric == metric) & (attn.layer == h["layer"]) & (attn["head"] == h["head"])]
+        s = s.set_index("step")["value"].sort_index()
+        assert first < h["since_step"] <= last
+        assert (s[s.index >= h["since_step"]] >= vocab.ROLE_THRESHOLD).all()
+        assert s[s.index < h["since_step"]].iloc[-1] < vocab.ROLE_THRESHOLD

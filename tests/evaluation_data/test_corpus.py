@@ -59,7 +59,7 @@ def test_every_recall_repeats_an_earlier_segment():
             if s[0] == "again":
                 n_again += 1
                 span = s[2:-1]
-                assert s[1] == ":" and 4 <= len(span) <= 10
+                assert s[1] == ":" and corpus.COPY_SPAN[0] <= len(span) <= corpus.COPY_SPAN[1]
                 assert ["copy", ":", *span, "."] in earlier
             elif s[0] == "get":
                 n_get += 1

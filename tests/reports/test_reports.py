@@ -507,3 +507,23 @@ def test_json_files_hold_nan_and_infinities_as_null(tmp_path):
     assert json.loads(text) == {"a": None, "b": [None, 1.5, 3], "c": [True, None], "4": {"d": None}}
     results.append_failure(tmp_path, {"revision": "step1", "loss": math.nan})
     assert results.read_failures(tmp_path) == [{"revision": "step1", "loss": None}]
+
+
+def test_roles_line_lists_each_roles_heads_by_score():
+    """The terminal line of the head roles: per role (the role of the best head first) its count
+    and heads (best first, at most ``most`` named), none when no head holds one, nothing when the run has no role scores."""
+    from peakprobe.reports.markdown import roles_text
+
+    def head(layer, role, score, step):
+        return {"label": f"attn L{layer} H0", "layer": layer, "head": 0, "role": role,
+                "score": score, "since_step": step}
+
+    roles = {"measured": True, "threshold": 0.4,
+             "heads": [head(0, "previous-token", 0.5, 10), head(1, "induction", 0.9, 40),
+                       head(2, "previous-token", 0.7, 20), head(3, "previous-token", 0.6, 30)]}
+    line = roles_text(roles, most=2)
+    assert line.startswith("head roles (diagnostic batch, score >= 0.4 at the last checkpoint): ")
+    assert line.endswith(": induction 1 (attn L1 H0 0.90, since step 40); previous-token 3 "
+                         "(attn L2 H0 0.70, since step 20, attn L3 H0 0.60, since step 30, 1 more)")
+    assert roles_text({**roles, "heads": []}).endswith(": none")
+    assert roles_text({"measured": False, "heads": []}) is None and roles_text({}) is None
