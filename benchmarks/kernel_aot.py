@@ -128,6 +128,8 @@ def compile_config(cfg: Config) -> dict:
             sig[n] = "constexpr"
         elif n in ("q_ptr", "k_ptr"):
             sig[n] = "*" + _TRITON_TYPE[cfg.dtype]
+        elif n == "k_desc":  # the key tiles' TMA descriptor, as the launcher builds it
+            sig[n] = f"tensordesc<{_TRITON_TYPE[cfg.dtype]}[1, 1, {consts['BLOCK_N']}, {consts['BLOCK_D']}]>"
         elif n in _POINTER_TYPES:
             sig[n] = _POINTER_TYPES[n]
         elif n in _FLOAT_ARGS:

@@ -6,9 +6,9 @@
 range [start, end) per row: causal attention, left or right padding, sliding windows and
 packed documents are all such ranges (the caller builds them). The kernel is
 ``triton_site.site_kernel`` (its docstring describes the algorithm); this module checks the
-inputs, picks the launch configuration, keeps the device tables, launches, and sums the
-per-program records per head in float64 on the device. Nothing here reads a tensor's values
-on the host: a call makes no host synchronisation.
+inputs, picks the launch configuration, describes the key tiles for TMA, keeps the device
+tables, launches, and sums the per-program records per head in float64 on the device. Nothing
+here reads a tensor's values on the host: a call makes no host synchronisation.
 
 Precision: q and k are read as stored (float16, bfloat16 or float32) and multiplied with
 float32 accumulation (float32 operands as three-pass TF32, about float32 accuracy: plain IEEE
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import vocab
 from . import gaussian_entropy as ge
@@ -76,8 +77,8 @@ class LaunchConfig:
 #: from ptxas register counts for sm_90 (``benchmarks/kernel_aot.py``: no spills, tensor-core
 #: MMA, shared memory within the 227 KiB of an sm_90 block), not from timings.
 _CONFIGS: dict[tuple[int, int], LaunchConfig] = {
-    (2, 64): LaunchConfig(128, 64, 8, 3),
-    (2, 128): LaunchConfig(128, 64, 8, 3),
+    (2, 64): LaunchConfig(128, 128, 8, 2),
+    (2, 128): LaunchConfig(128, 128, 8, 2),
     (2, 256): LaunchConfig(64, 64, 8, 2),
     (4, 64): LaunchConfig(128, 64, 8, 2),
 }
@@ -187,7 +188,7 @@ def kernel_supported(
     """Whether ``kernel_site_sums`` takes these inputs (a host-only check of metadata): CUDA
     tensors (or CPU ones under the interpreter), q and k of one dtype among float16, bfloat16
     and float32, 4-D with query heads a multiple of key heads, head dim <= 256 (<= 64 for
-    float32), no position bias, statistics not requested in float64."""
+    float32) and a multiple of 16 bytes, no position bias, statistics not requested in float64."""
     if position_bias is not None or dtype == torch.float64:
         return False
     if query.dim() != 4 or key.dim() != 4 or query.dtype != key.dtype or query.dtype not in _DTYPES:
@@ -197,7 +198,8 @@ def kernel_supported(
     b, h, _, d = query.shape
     hkv = key.shape[1]
     return (key.shape[0] == b and key.shape[3] == d and 0 < d <= _MAX_HEAD_DIM and hkv > 0
-            and h % hkv == 0 and _config_key(query.dtype, d) in _CONFIGS)  # fmt: skip
+            and h % hkv == 0 and _config_key(query.dtype, d) in _CONFIGS
+            and d * query.element_size() % 16 == 0)  # fmt: skip
 
 
 def _row_strides(x: torch.Tensor, b: int, tq: int, what: str, dtype: torch.dtype) -> tuple[int, int]:
@@ -227,6 +229,9 @@ def _check(query, key, start, end, row_valid, sinks):
     if not 0 < d <= _MAX_HEAD_DIM or _config_key(query.dtype, d) not in _CONFIGS:
         top = max(k[1] for k in _CONFIGS if k[0] == query.dtype.itemsize)
         raise TritonKernelError(f"head dim {d} of {query.dtype} q/k is not in 1..{top}")
+    if d * query.element_size() % 16:  # a key row must be whole 16-byte units for TMA
+        raise TritonKernelError(f"head dim {d} of {query.dtype} q/k is not a multiple of "
+                                f"{16 // query.element_size()}")  # fmt: skip
     if not _mode_ok(query.device):
         raise TritonKernelError(
             "the Triton kernel runs on CPU tensors only under Triton's interpreter: start Python "
@@ -270,6 +275,16 @@ def _row_inputs(row_valid, sinks, b: int, device) -> tuple:
     if sk.dim() == 1:
         return rv, rvs, sk, (0, sk.stride(0), 0)
     return rv, rvs, sk, (sk.stride(0) if sk.shape[0] == b and b > 1 else 0, sk.stride(1), sk.stride(2))
+
+
+def _key_descriptor(key: torch.Tensor, block_n: int, block_d: int) -> TensorDescriptor:
+    """The key tiles' tensor-memory descriptor: (B, Hkv, Tk, D) in (1, 1, block_n, block_d)
+    boxes, read past the ends as zeros. A copy is made contiguous first when its head dim is
+    strided or a stride or its address is not a multiple of 16 bytes (what TMA needs)."""
+    size = key.element_size()
+    if key.stride(3) != 1 or key.data_ptr() % 16 or any(st * size % 16 for st in key.stride()[:3]):
+        key = key.contiguous()  # the dims below 16 bytes of head dim stay unaligned: refused
+    return TensorDescriptor(key, list(key.shape), list(key.stride()), [1, 1, block_n, block_d])
 
 
 def kernel_site_sums(
@@ -319,9 +334,10 @@ def kernel_site_sums(
     lo_e, hi_e = vocab.HIST_RANGE[vocab.ENTROPY]
     lo_p, hi_p = vocab.HIST_RANGE[vocab.MAX_PROB]
 
+    k_desc = _key_descriptor(key, consts["BLOCK_N"], consts["BLOCK_D"])
     with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
         site_kernel[(b * h, n_mb)](
-            query, key, start, end, rv, sk, out, hist,
+            query, key, k_desc, start, end, rv, sk, out, hist,
             tab.curves, tab.cell_base, tab.lo, tab.b_grid,
             h, h // hkv, tq, tk, d,
             *query.stride(), *key.stride(), *ss, *es, *rvs, *sks,

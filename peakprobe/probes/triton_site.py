@@ -3,18 +3,25 @@
 One program per (batch, head, block of BLOCK_M query rows). Row r sees the keys
 [start_r, end_r); its first visible key start_r is kept apart (its logit ``f`` comes from one
 dot product per row before the key loop), so the loop reduces the keys (start_r, end_r) only.
-Logits are taken relative to ``f`` (d = z - f): the online sums then hold differences of
-comparable logits and stay accurate in float32 when |z| >> their spread. Per key tile
-(BLOCK_N keys, ``tl.dot`` with float32 accumulation) each row folds in:
+Per key tile (BLOCK_N keys: one TMA copy of the key tile, one ``tl.dot`` with float32
+accumulation) every running value is kept per row and lane: the keys 8 i + 2 l + e of lane
+l = 0..3, which on a tensor-core accumulator one thread holds, so a tile folds its logits z in
+with no shuffle between threads (``_lanes``). Each lane keeps:
 
-* its max ``m`` (the online softmax's), ``se = sum 2^x`` and ``sx = sum 2^x x`` with
-  x = (d - m) scaling log2(e) (the shift folded into one FMA), rescaled when ``m`` grows;
+* its two largest logits (l1, l2; a tied maximum counts twice, as ``topk``): one tree
+  reduction of (max, second) pairs (``_top_two``) per tile, merged into the running pair;
+* ``se = sum 2^x`` and ``sx = sum 2^x x`` with x = z c - mc, c = scaling log2(e) and
+  mc = l1 c rounded once per tile (one FMA per logit). A new max moves the sums by the
+  difference of the two rounded products (exact when they are within a factor two), so the
+  sums keep their accuracy when |z| >> the spread;
 * ``q1 = sum x`` and ``q2 = sum x^2``, relative to the running max like the softmax sums (a
-  new max moves them per row: q2 += 2 shift q1 + n shift^2, q1 += n shift): the logit mean and
-  std without a per-tile mean or variance merge, accurate when |mean| >> std;
-* the second largest logit (a tied maximum counts twice, as ``topk``): a running top two per
-  pair of keys (j, j + BLOCK_N / 2) of a tile, elementwise max / min of its two half tiles'
-  logits (one ``tl.dot`` each, so both come in one register layout), combined at the end.
+  new max moves them: q2 += 2 shift q1 + n shift^2, q1 += n shift): the logit mean and std
+  without a per-tile mean or variance merge.
+
+The sums of products (sx, q2) run as one chain of FMAs over each lane's keys (``_chain``): one
+instruction a key, as the plain sums' trees take. After the sweep the four lanes are merged (their sums
+moved to the row's max) and the two largest logits taken relative to ``f`` (d = z - f, once
+per row): the epilogue merges the first key at d = 0.
 
 Programs of the heads that share a key head are adjacent in the grid (their key tiles meet in
 L2), and the query blocks with the longest key ranges start first.
@@ -95,89 +102,108 @@ def _beta_eff(entropy, n, curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr, size, st
 
 
 @triton.jit
-def _scores(q, k_base, offs_n, offs_d, Tk, D, skt, skd, scaling, softcap,
-            MASKED: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
-            DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
-    """(M, len(offs_n)) float32 logits of the keys ``offs_n`` (softcapped, or raw q.k)."""
-    k_ptrs = k_base + offs_n[None, :] * skt + offs_d[:, None] * skd  # (Dp, N/2)
-    if MASKED:
-        kmask = (offs_n < Tk)[None, :]
-        if not EVEN_D:
-            kmask = kmask & (offs_d < D)[:, None]
-        kt = tl.load(k_ptrs, mask=kmask, other=0.0)
-    elif EVEN_D:
-        kt = tl.load(k_ptrs)
-    else:
-        kt = tl.load(k_ptrs, mask=(offs_d < D)[:, None], other=0.0)
+def _scores(q, k_desc, kb, kh, n0, scaling, softcap,
+            SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """(M, N) float32 logits of the keys n0 .. n0 + N (softcapped, or raw q.k). The key tile
+    comes by one tensor-memory copy (TMA on Hopper): keys past the end and head dims past D
+    read as zeros, so no tile needs an index mask to load."""
+    kt = tl.reshape(k_desc.load([kb, kh, n0, 0]), (BLOCK_N, BLOCK_D))  # (N, Dp)
     if DOT_FP32:
         kt = kt.to(tl.float32)
-    s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # (M, N/2) float32
+    s = tl.dot(q, tl.trans(kt), input_precision=DOT_PRECISION)  # (M, N) float32
     if SOFTCAP:
         s = softcap * _tanh(s * (scaling / softcap))
     return s
 
 
 @triton.jit
-def _tile(q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
-          Tk, D, skt, skd, scaling, softcap, c,
-          MASKED: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
-          DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def _top_two(a1, a2, b1, b2):
+    """The top two of two top twos (a tie counts twice, as ``topk``)."""
+    # NaN-propagating: max(x, -inf) = x then holds for every x, so the -inf seeds fold away
+    hi = tl.maximum(a1, b1, propagate_nan=tl.PropagateNan.ALL)
+    lo = tl.minimum(a1, b1, propagate_nan=tl.PropagateNan.ALL)
+    sec = tl.maximum(a2, b2, propagate_nan=tl.PropagateNan.ALL)
+    return hi, tl.maximum(sec, lo, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _tile(q, k_desc, kb, kh, n0, st, en, l1, l2, mc, se, sx, n, q1, q2, scaling, softcap, c,
+          MASKED: tl.constexpr, SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr,
+          DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
     """Fold keys n0 .. n0 + BLOCK_N into each row's online sums. MASKED: only keys in
     (st, en) count (the first visible key st is kept apart); else every key of the tile is
     visible to every kept row (rows not kept accumulate what they like: their weight is 0).
 
-    The tile is two half tiles of BLOCK_N / 2 keys, one ``tl.dot`` each: their logits come
-    in the same register layout, so the top two of each pair (key j, key j + BLOCK_N / 2)
-    are elementwise max / min with no shuffle between threads."""
-    HALF: tl.constexpr = BLOCK_N // 2
-    offs_a = n0 + tl.arange(0, HALF)  # (N/2,)
-    offs_b = offs_a + HALF
-    da = _scores(q, k_base, offs_a, offs_d, Tk, D, skt, skd, scaling, softcap,
-                 MASKED, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION) - f[:, None]  # (M, N/2)
-    db = _scores(q, k_base, offs_b, offs_d, Tk, D, skt, skd, scaling, softcap,
-                 MASKED, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION) - f[:, None]  # (M, N/2)
-    if MASKED:  # logits relative to the first key's; hidden keys -inf
-        va = (offs_a[None, :] > st[:, None]) & (offs_a[None, :] < en[:, None])  # (M, N/2)
-        vb = (offs_b[None, :] > st[:, None]) & (offs_b[None, :] < en[:, None])
-        da = tl.where(va, da, float("-inf"))
-        db = tl.where(vb, db, float("-inf"))
-        nb = tl.maximum(tl.minimum(en, n0 + BLOCK_N) - tl.maximum(st + 1, n0), 0).to(tl.float32)
-    else:
-        nb = BLOCK_N * 1.0
-    # running top two per key pair: a tie lands in T2, so it counts twice
-    hi2 = tl.maximum(da, db)
-    T2 = tl.maximum(T2, tl.maximum(tl.minimum(da, db), tl.minimum(T1, hi2)))
-    T1 = tl.maximum(T1, hi2)
-    m_new = tl.maximum(m, tl.max(hi2, 1))  # (M,)
+    Every running value is (M, 4): per row, the keys 8 i + 2 l + e of each lane l apart
+    (``_lanes``), which on a tensor-core accumulator are one thread's, so a tile folds them
+    in with no shuffle between threads: each lane's top two (l1, l2) and its online sums
+    (se, sx, n, q1, q2), relative to its own max l1. ``_sweep_keys`` merges the four lanes."""
+    z = _scores(q, k_desc, kb, kh, n0, scaling, softcap,
+                SOFTCAP, DOT_FP32, DOT_PRECISION, BLOCK_N, BLOCK_D)  # (M, N)
+    if MASKED:  # hidden keys -inf (no mask is kept: -inf marks them below)
+        offs_n = n0 + tl.arange(0, BLOCK_N)  # (N,)
+        v = (offs_n[None, :] > st[:, None]) & (offs_n[None, :] < en[:, None])
+        z = tl.where(v, z, float("-inf"))
+    z = tl.reshape(z, (z.shape[0], BLOCK_N // 8, 4, 2))  # (M, N/8, 4, 2)
+    # each lane's top two in the tile, then of all its keys so far (l1, l2)
+    a1, a2 = tl.reduce((z, tl.full(z.shape, float("-inf"), tl.float32)), 1, _top_two)
+    a1, a2 = tl.reduce((a1, a2), 2, _top_two)  # (M, 4)
+    l2 = tl.maximum(l2, tl.maximum(a2, tl.minimum(l1, a1)))
+    l1 = tl.maximum(l1, a1)
+    # the sums are relative to mc = l1 c as rounded once: a new max moves them by the
+    # difference of the two rounded products (exact when close: Sterbenz), so |z| >> spread
+    # costs no accuracy. A lane with no key yet has mc = -1e30: its first keys' shift then
+    # gives alpha = 0 (its sums are 0), finite where 0 - (-inf) would not be
+    mc_new = l1 * c  # (M, 4)
     if MASKED:
-        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
-    else:
-        m_new_safe = m_new
-    shift = tl.where(m == float("-inf"), 0.0, (m - m_new_safe) * c)  # <= 0: the new max's move
-    alpha = tl.exp2(shift)  # 0 while the row was empty
-    mc = (m_new_safe * c)[:, None]
-    xa = da * c - mc  # (M, N/2) log2 units, <= 0: the shift in one FMA
-    xb = db * c - mc
+        mc_new = tl.where(l1 == float("-inf"), -1e30, mc_new)
+    shift = mc - mc_new  # (M, 4) <= 0
+    alpha = tl.exp2(shift)
+    x = z * c - mc_new[:, :, None][:, None, :, :]  # (M, N/8, 4, 2) log2 units, <= 0: one FMA
     if MASKED:
-        xa = tl.where(va, xa, -1e30)  # hidden: p = 0, p x = 0 and no part in q1, q2
-        xb = tl.where(vb, xb, -1e30)
-        xza = tl.where(va, xa, 0.0)
-        xzb = tl.where(vb, xb, 0.0)
+        x = tl.maximum(x, -1e30)  # hidden (-inf): p = 0 and p x = 0
+        xz = tl.where(x > -1e30, x, 0.0)  # and no part in q1, q2
+        nb = _lanes(tl.where(x > -1e30, 1.0, 0.0))
     else:
-        xza = xa
-        xzb = xb
-    pa = tl.exp2(xa)
-    pb = tl.exp2(xb)
-    sx = alpha * (sx + shift * se) + tl.sum(pa * xa + pb * xb, 1)
-    se = alpha * se + tl.sum(pa + pb, 1)
-    m = m_new
-    # sum x and sum x^2 straight, relative to the running max: moved to a new max per row
-    q1 = q1 + n * shift  # the old sums, moved to the new max
-    q2 = q2 + shift * (2.0 * (q1 - n * shift) + n * shift)
-    q1 = q1 + tl.sum(xza + xzb, 1)
-    q2 = q2 + tl.sum(xza * xza + xzb * xzb, 1)
-    n_new = n + nb
-    return m, se, sx, n_new, q1, q2, T1, T2
+        xz = x
+        nb = BLOCK_N / 4.0
+    p = tl.exp2(x)
+    sx = _chain(_by_lane(p), _by_lane(x), alpha * (sx + shift * se), BLOCK_N // 4)
+    se = alpha * se + _lanes(p)
+    # sum x and sum x^2 straight, relative to the running max: moved to a new max per lane
+    q1_moved = q1 + n * shift  # the old sums, moved to the new max
+    q2 = q2 + shift * (q1 + q1_moved)  # = sum (x + shift)^2
+    q1 = q1_moved + _lanes(xz)
+    xl = _by_lane(xz)
+    q2 = _chain(xl, xl, q2, BLOCK_N // 4)
+    return l1, l2, mc_new, se, sx, n + nb, q1, q2
+
+
+@triton.jit
+def _by_lane(t):
+    """(M, N/8, 4, 2) -> (M, 4, N/4): each lane's keys in the last axis."""
+    t = tl.permute(t, (0, 2, 1, 3))  # (M, 4, N/8, 2)
+    return tl.reshape(t, (t.shape[0], 4, t.shape[2] * 2))
+
+
+@triton.jit
+def _chain(a, b, acc, R: tl.constexpr):
+    """acc + sum over the last axis (R keys) of a b, (M, 4, R) -> (M, 4), as one chain of
+    FMAs: the halves are split apart (in registers, free) down to single keys. Triton's own
+    sum is a tree, which costs a multiply and an add per pair where a chain costs one FMA."""
+    if R == 1:
+        return acc + tl.reshape(a, (a.shape[0], 4)) * tl.reshape(b, (b.shape[0], 4))
+    else:
+        a0, a1 = tl.split(tl.reshape(a, (a.shape[0], 4, R // 2, 2)))
+        b0, b1 = tl.split(tl.reshape(b, (b.shape[0], 4, R // 2, 2)))
+        return _chain(a1, b1, _chain(a0, b0, acc, R // 2), R // 2)
+
+
+@triton.jit
+def _lanes(t):
+    """(M, N/8, 4, 2) -> (M, 4): sums over i and e of the keys 8 i + 2 l + e."""
+    return tl.sum(tl.sum(t, 1), 2)
 
 
 @triton.jit
@@ -222,44 +248,48 @@ def _key_tiles(kept, st, en, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _sweep_keys(q, k_base, offs_d, st, en, f, kept, Tk, D, skt, skd, scaling, softcap, c,
-                SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, DOT_FP32: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Every key tile folded into the rows' online sums (``_tile``): (m, the second largest
-    m2, se, sx, n, q1, q2), all relative to ``f``."""
+def _sweep_keys(q, k_desc, kb, kh, st, en, f, kept, scaling, softcap, c,
+                SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Every key tile folded into the rows' online sums (``_tile``), then the four lanes
+    merged: (m, the second largest m2, se, sx, n, q1, q2); m and m2 relative to ``f``, the
+    sums to m c as rounded."""
     lo_t, fs, fe, hi = _key_tiles(kept, st, en, BLOCK_N)
     neg_inf = float("-inf")
-    m = tl.full((BLOCK_M,), neg_inf, tl.float32)  # max of d over the other keys
-    se = tl.zeros((BLOCK_M,), tl.float32)  # sum 2^x, x = (d - m) c
-    sx = tl.zeros((BLOCK_M,), tl.float32)  # sum 2^x x
-    n = tl.zeros((BLOCK_M,), tl.float32)  # other keys
-    q1 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x = (d - m) c
-    q2 = tl.zeros((BLOCK_M,), tl.float32)  # their sum of x^2
-    T1 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # largest d per key pair
-    T2 = tl.full((BLOCK_M, BLOCK_N // 2), neg_inf, tl.float32)  # second largest per pair
+    # per row and lane (``_tile``): over the other keys
+    l1 = tl.full((BLOCK_M, 4), neg_inf, tl.float32)  # the largest z
+    l2 = tl.full((BLOCK_M, 4), neg_inf, tl.float32)  # the second largest (a tie counts twice)
+    mc = tl.full((BLOCK_M, 4), -1e30, tl.float32)  # l1 c, rounded: what x is relative to
+    se = tl.zeros((BLOCK_M, 4), tl.float32)  # sum 2^x, x = z c - mc
+    sx = tl.zeros((BLOCK_M, 4), tl.float32)  # sum 2^x x
+    n = tl.zeros((BLOCK_M, 4), tl.float32)  # other keys
+    q1 = tl.zeros((BLOCK_M, 4), tl.float32)  # their sum of x
+    q2 = tl.zeros((BLOCK_M, 4), tl.float32)  # their sum of x^2
     for n0 in range(lo_t, fs, BLOCK_N):
-        m, se, sx, n, q1, q2, T1, T2 = _tile(
-            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
-            Tk, D, skt, skd, scaling, softcap, c,
-            True, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
+        l1, l2, mc, se, sx, n, q1, q2 = _tile(
+            q, k_desc, kb, kh, n0, st, en, l1, l2, mc, se, sx, n, q1, q2, scaling, softcap, c,
+            True, SOFTCAP, DOT_FP32, DOT_PRECISION, BLOCK_N, BLOCK_D,
         )  # fmt: skip
     for n0 in range(fs, fe, BLOCK_N):
-        m, se, sx, n, q1, q2, T1, T2 = _tile(
-            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
-            Tk, D, skt, skd, scaling, softcap, c,
-            False, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
+        l1, l2, mc, se, sx, n, q1, q2 = _tile(
+            q, k_desc, kb, kh, n0, st, en, l1, l2, mc, se, sx, n, q1, q2, scaling, softcap, c,
+            False, SOFTCAP, DOT_FP32, DOT_PRECISION, BLOCK_N, BLOCK_D,
         )  # fmt: skip
     for n0 in range(fe, hi, BLOCK_N):
-        m, se, sx, n, q1, q2, T1, T2 = _tile(
-            q, k_base, n0, offs_d, st, en, f, m, se, sx, n, q1, q2, T1, T2,
-            Tk, D, skt, skd, scaling, softcap, c,
-            True, SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_N,
+        l1, l2, mc, se, sx, n, q1, q2 = _tile(
+            q, k_desc, kb, kh, n0, st, en, l1, l2, mc, se, sx, n, q1, q2, scaling, softcap, c,
+            True, SOFTCAP, DOT_FP32, DOT_PRECISION, BLOCK_N, BLOCK_D,
         )  # fmt: skip
-    # second largest over the columns' top twos (a maximum in two columns counts twice)
-    ties = tl.sum(tl.where(T1 == m[:, None], 1.0, 0.0), 1)
-    other = tl.max(tl.where(T1 < m[:, None], T1, neg_inf), 1)
-    m2 = tl.where(ties >= 2.0, m, tl.maximum(other, tl.max(T2, 1)))
-    return m, m2, se, sx, n, q1, q2
+    # the lanes merged: their sums moved to the row's max, as a new max moves them in _tile
+    m, r = tl.reduce((l1, l2), 1, _top_two)  # (M,) the largest and second largest
+    mc_row = tl.where(m == neg_inf, -1e30, m * c)
+    d = mc - mc_row[:, None]  # (M, 4) <= 0
+    a = tl.exp2(d)
+    se_r = tl.sum(a * se, 1)
+    sx_r = tl.sum(a * (sx + d * se), 1)
+    q2_r = tl.sum(q2 + d * (n * d + 2.0 * q1), 1)
+    q1_r = tl.sum(q1 + n * d, 1)
+    return m - f, r - f, se_r, sx_r, tl.sum(n, 1), q1_r, q2_r  # maxima relative to f
 
 
 @triton.jit
@@ -359,7 +389,7 @@ def _histograms(hist_base, entropy, max_prob, kept, lo0, scale0, lo1, scale1, BI
 
 @triton.jit
 def site_kernel(
-    q_ptr, k_ptr, start_ptr, end_ptr, rowv_ptr, sink_ptr, out_ptr, hist_ptr,
+    q_ptr, k_ptr, k_desc, start_ptr, end_ptr, rowv_ptr, sink_ptr, out_ptr, hist_ptr,
     curves_ptr, cell_base_ptr, lo_ptr, bgrid_ptr,
     H, G, Tq, Tk, D,
     sqb, sqh, sqt, sqd,
@@ -397,8 +427,8 @@ def site_kernel(
     if DOT_FP32:
         q = q.to(tl.float32)
     m, m2, se, sx, n, q1, q2 = _sweep_keys(
-        q, k_base, offs_d, st, en, f, kept, Tk, D, skt, skd, scaling, softcap, c,
-        SOFTCAP, EVEN_D, DOT_FP32, DOT_PRECISION, BLOCK_M, BLOCK_N,
+        q, k_desc, b.to(tl.int32), (h // G).to(tl.int32), st, en, f, kept, scaling, softcap, c,
+        SOFTCAP, DOT_FP32, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     sig = tl.load(sink_ptr + b * sib + h * sih + offs_m * sit, mask=in_q, other=float("-inf"))
     values, n_opt, nk, nr = _row_values(

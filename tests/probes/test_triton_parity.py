@@ -459,6 +459,31 @@ def test_identical_keys_give_uniform_rows_closed_form():
         assert np.abs(means[:, col[name]]).max() < 1e-4, name
 
 
+def test_key_views_as_models_give_them():
+    """Key tiles come through a TMA descriptor of the key's own strides: a (B, T, H, D) tensor
+    seen as (B, H, T, D) and one cut from a fused projection read in place; a strided head dim
+    and strides that are not whole 16-byte units are copied first. All match the reference."""
+    q, k = _qk(b=2, h=4, hkv=2, tq=30, d=16, seed=6)
+    start, end, rv = ranges("left_pad", 2, 30)
+    kw = dict(scaling=0.3, start=start, end=end, row_valid=rv)
+    want = tk.kernel_site_sums(q, k, **kw)
+    fused = torch.cat([k, 2 * k, k], dim=-1).transpose(1, 2).contiguous()  # (B, T, H, 3D)
+    views = {
+        "transposed": k.transpose(1, 2).contiguous().transpose(1, 2),
+        "fused": fused[..., 16:32].transpose(1, 2) / 2,  # a slice of the qkv projection
+        "fused_in_place": fused[..., 32:48].transpose(1, 2),
+        "strided_head_dim": torch.stack([k, k], dim=-1)[..., 0],
+        "odd_strides": torch.cat([k, k[..., :2]], dim=-1)[..., :16],  # rows of 72 bytes
+    }
+    assert views["fused_in_place"].stride(3) == 1 and views["strided_head_dim"].stride(3) == 2
+    assert views["odd_strides"].stride(2) * 4 % 16 != 0
+    for name, view in views.items():
+        got = tk.kernel_site_sums(q, view, **kw)
+        assert torch.equal(got.sums, want.sums), name
+        assert torch.equal(got.maxima, want.maxima), name
+    _check(q, views["fused_in_place"], **kw)
+
+
 # -- the host side -----------------------------------------------------------------------------
 
 
@@ -492,6 +517,9 @@ def test_kernel_supported_and_one_line_errors():
     assert not tk.kernel_supported(wide, wide[:, :2])  # float32 above head dim 64
     assert not tk.kernel_supported(wide[..., :128], wide[:, :2, :, :128])
     assert tk.kernel_supported(wide[..., :64], wide[:, :2, :, :64])
+    odd = wide[..., :20].to(torch.bfloat16)  # 40 bytes a key row: not whole 16-byte TMA units
+    assert not tk.kernel_supported(odd, odd[:, :2])
+    assert tk.kernel_supported(wide[..., :20], wide[:, :2, :, :20])  # float32: 80 bytes
     kw = dict(scaling=1.0, start=start, end=end)
     cases = [
         (dict(query=q, key=k[:, :1].expand(1, 3, 8, 16)), "multiple of key heads"),
@@ -502,6 +530,7 @@ def test_kernel_supported_and_one_line_errors():
          "row_valid must be bool"),
         (dict(query=q, key=k, sinks=torch.zeros(3, device=DEVICE)), "sinks must be"),
         (dict(query=wide, key=wide), "head dim 256"),
+        (dict(query=odd, key=odd[:, :2]), "head dim 20 of torch.bfloat16 q/k is not a multiple of 8"),
     ]  # fmt: skip
     for args, match in cases:
         with pytest.raises(ValueError, match=match) as err:
