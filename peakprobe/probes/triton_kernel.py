@@ -283,7 +283,7 @@ def _key_descriptor(key: torch.Tensor, block_n: int, block_d: int) -> TensorDesc
     strided or a stride or its address is not a multiple of 16 bytes (what TMA needs)."""
     size = key.element_size()
     if key.stride(3) != 1 or key.data_ptr() % 16 or any(st * size % 16 for st in key.stride()[:3]):
-        key = key.contiguous()  # the dims below 16 bytes of head dim stay unaligned: refused
+        key = key.contiguous()  # (a head dim of no whole 16 bytes was refused by _check)
     return TensorDescriptor(key, list(key.shape), list(key.stride()), [1, 1, block_n, block_d])
 
 
